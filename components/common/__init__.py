@@ -1,0 +1,1 @@
+"""Code shared by every stage: storage URIs, record readers and writers, typed configs."""

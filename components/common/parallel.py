@@ -1,0 +1,52 @@
+"""Ordered parallel map over a stream, with a bounded number of batches in flight."""
+
+from __future__ import annotations
+
+import collections
+import multiprocessing
+import os
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+def resolve_workers(requested: int) -> int:
+    """0 means one worker per core available to this process."""
+    if requested > 0:
+        return requested
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def ordered_map(
+    fn: Callable[[T], R],
+    items: Iterable[T],
+    workers: int,
+    initializer: Callable[..., None] | None = None,
+    initargs: tuple[Any, ...] = (),
+) -> Iterator[R]:
+    """`map(fn, items)` on `workers` processes, results in input order.
+
+    Unlike Pool.imap, which drains its input as fast as it can, at most 2 x workers items are
+    read ahead, so memory stays bounded however long the stream is. With one worker everything
+    runs in this process (no pickling, easy to debug).
+    """
+    if workers <= 1:
+        if initializer is not None:
+            initializer(*initargs)
+        yield from map(fn, items)
+        return
+    # fork: workers inherit the (read-only) state built by the initializer's arguments cheaply.
+    context = multiprocessing.get_context("fork")
+    with context.Pool(workers, initializer=initializer, initargs=initargs) as pool:
+        pending: collections.deque[Any] = collections.deque()
+        for item in items:
+            pending.append(pool.apply_async(fn, (item,)))
+            if len(pending) >= 2 * workers:
+                yield pending.popleft().get()
+        while pending:
+            yield pending.popleft().get()

@@ -1,0 +1,1 @@
+"""Stage 1, curate: exact dedup and word n-gram decontamination of prompt sources against test sets."""

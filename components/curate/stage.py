@@ -1,0 +1,363 @@
+"""Entry point of the curate stage.
+
+    klear curate --input URI [URI ...] [--benchmark URI ...] --output URI [--config paper|tiny|FILE]
+
+Reads every prompt source in order, removes (1) prompts that share a word n-gram with a test set
+("contaminated"), or, when shorter than n words, whose whole text occurs inside one ("short_match"),
+and (2) exact duplicates of an earlier kept prompt after normalization ("duplicate"). Publishes
+
+    prompts/part-*.parquet   kept prompts: id, source, prompt, record (the source row as JSON)
+    removed/part-*.parquet   removed rows: id, source, where, reason, matched, ngram
+    report.json, report.md   counts per source, per reason, per benchmark; short prompts listed
+
+atomically: nothing is visible as complete until the manifest is written, last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import logging
+import tempfile
+import time
+from collections import Counter, defaultdict
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from klear import benchmarks as shipped_benchmarks
+from klear.common import storage
+from klear.common.config import load_config
+from klear.common.parallel import ordered_map, resolve_workers
+from klear.common.records import Located, ParquetShardWriter, RecordError, Source, iter_records
+from klear.curate.config import CurateConfig
+from klear.curate.matching import BenchmarkItem, Match, NgramIndex, dedup_key, normalize_batch
+from klear.curate.report import render_markdown
+
+log = logging.getLogger("klear.curate")
+
+PROMPT_SCHEMA = pa.schema(
+    [("id", pa.string()), ("source", pa.string()), ("prompt", pa.string()), ("record", pa.string())]
+)
+REMOVED_SCHEMA = pa.schema(
+    [
+        ("id", pa.string()),
+        ("source", pa.string()),
+        ("where", pa.string()),
+        ("reason", pa.string()),
+        ("matched", pa.list_(pa.string())),
+        ("ngram", pa.string()),
+    ]
+)
+REASONS = ("duplicate", "contaminated", "short_match", "empty")
+
+
+@dataclass(frozen=True)
+class PromptRow:
+    id: str
+    source: str
+    where: str
+    prompt: str
+    record: str
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def load_benchmark_items(specs: Sequence[str], config: CurateConfig) -> list[BenchmarkItem]:
+    items: list[BenchmarkItem] = []
+    for spec in specs:
+        source = Source.parse(spec)
+        text_field = source.field("problem") if "problem" in source.fields else config.benchmark_field
+        id_field = source.fields.get("id", config.benchmark_id_field)
+        for located in iter_records(source):
+            text = located.record.get(text_field)
+            if not isinstance(text, str):
+                raise RecordError(
+                    f"{located.where}: benchmark item has no text field {text_field!r} "
+                    f"(fields present: {sorted(located.record)})"
+                )
+            item_id = str(located.record.get(id_field) or located.where)
+            benchmark = str(located.record.get("benchmark") or source.name)
+            items.append(BenchmarkItem(item_id, benchmark, text))
+    return items
+
+
+def iter_prompts(sources: Sequence[Source], config: CurateConfig) -> Iterator[PromptRow]:
+    for source in sources:
+        prompt_field = source.fields.get("prompt", config.prompt_field)
+        id_field = source.fields.get("id", config.id_field)
+        for row, located in enumerate(iter_records(source), start=1):
+            yield _prompt_row(source, located, row, prompt_field, id_field)
+
+
+def _prompt_row(source: Source, located: Located, row: int, prompt_field: str, id_field: str) -> PromptRow:
+    record = located.record
+    prompt = record.get(prompt_field)
+    if not isinstance(prompt, str):
+        if prompt_field not in record:
+            raise RecordError(
+                f"{located.where}: no prompt field {prompt_field!r} (fields present: {sorted(record)}); "
+                f"map it with {source.uri}#prompt=FIELD or --set prompt_field=FIELD"
+            )
+        raise RecordError(f"{located.where}: field {prompt_field!r} is {type(prompt).__name__}, expected a string")
+    raw_id = record.get(id_field)
+    row_id = str(raw_id) if raw_id not in (None, "") else f"{source.name}:{row}"
+    raw = located.raw if located.raw is not None else json.dumps(record, ensure_ascii=False, default=str)
+    return PromptRow(row_id, source.name, located.where, prompt, raw)
+
+
+def _batched(rows: Iterator[PromptRow], size: int) -> Iterator[list[PromptRow]]:
+    batch: list[PromptRow] = []
+    for row in rows:
+        batch.append(row)
+        if len(batch) >= size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+# --------------------------------------------------------------------------- matching (worker side)
+
+_INDEX: NgramIndex | None = None
+
+
+def _set_index(index: NgramIndex) -> None:
+    global _INDEX
+    _INDEX = index
+
+
+@dataclass(frozen=True)
+class BatchVerdicts:
+    keys: list[bytes]  # dedup key per prompt
+    word_counts: list[int]
+    matches: list[Match | None]  # n-gram or short-prompt match per prompt
+
+
+def analyze_batch(index: NgramIndex, texts: Sequence[str]) -> BatchVerdicts:
+    """Dedup keys, word counts and contamination matches for a batch of prompt texts."""
+    word_lists = normalize_batch(texts)
+    counts = pc.list_value_length(word_lists).to_numpy(zero_copy_only=False).tolist()
+    joined = pc.binary_join(word_lists, pa.scalar(" ", pa.large_string())).cast(pa.large_binary()).to_pylist()
+    keys = [dedup_key(text) for text in joined]
+    matches = index.match_batch(word_lists)
+    for i, count in enumerate(counts):
+        if count < index.n:
+            matches[i] = index.match_short(word_lists[i].as_py())
+    return BatchVerdicts(keys, counts, matches)
+
+
+def _analyze_in_worker(texts: list[str]) -> BatchVerdicts:
+    assert _INDEX is not None, "worker started without the benchmark index"
+    return analyze_batch(_INDEX, texts)
+
+
+# --------------------------------------------------------------------------- the stage
+
+
+class _Tally:
+    """Counts per source and reason, plus the short-prompt list, for the report."""
+
+    def __init__(self, items: Sequence[BenchmarkItem], short_limit: int) -> None:
+        self.per_source: dict[str, Counter[str]] = defaultdict(Counter)
+        self.benchmark_of = {item.id: item.benchmark for item in items}
+        self.prompts_per_benchmark: Counter[str] = Counter()
+        self.items_hit: dict[str, set[str]] = defaultdict(set)
+        self.short_ids: list[dict[str, Any]] = []
+        self.short_count = 0
+        self.short_limit = short_limit
+
+    def contaminated(self, match: Match) -> None:
+        hit_benchmarks = {self.benchmark_of.get(item, "?") for item in match.item_ids}
+        for benchmark in hit_benchmarks:
+            self.prompts_per_benchmark[benchmark] += 1
+        for item in match.item_ids:
+            self.items_hit[self.benchmark_of.get(item, "?")].add(item)
+
+    def short(self, row: PromptRow, words_count: int, removed: bool) -> None:
+        self.short_count += 1
+        if len(self.short_ids) < self.short_limit:
+            self.short_ids.append({"id": row.id, "source": row.source, "words": words_count, "removed": removed})
+
+
+def run(
+    inputs: Sequence[str], output: str, config: CurateConfig, benchmark_specs: Sequence[str] | None = None
+) -> dict[str, Any]:
+    """Curate `inputs` against the benchmarks and publish to `output`; returns the report."""
+    started = time.monotonic()
+    specs = list(benchmark_specs) if benchmark_specs else [str(p) for p in shipped_benchmarks.all_paths()]
+    items = load_benchmark_items(specs, config)
+    index = NgramIndex(items, n=config.ngram_size)
+    log.info("benchmark index: %d items, %d distinct %d-grams", len(items), index.ngram_count, index.n)
+    sources = [Source.parse(spec) for spec in inputs]
+    workers = resolve_workers(config.workers)
+    tally = _Tally(items, config.report_short_limit)
+    kept_ids: dict[bytes, str] = {}
+
+    with tempfile.TemporaryDirectory(prefix="klear-curate-") as staging_dir:
+        staging = Path(staging_dir)
+        kept = ParquetShardWriter(staging / "prompts", "part", PROMPT_SCHEMA, config.rows_per_shard)
+        removed = ParquetShardWriter(staging / "removed", "part", REMOVED_SCHEMA, config.rows_per_shard)
+        read = 0
+        last_log = time.monotonic()
+        batches = _batched(iter_prompts(sources, config), config.batch_size)
+        # The reader runs here while workers normalize and match; batches come back in input order,
+        # so "first occurrence kept" is deterministic whatever the number of workers.
+        pairs = _with_inputs(batches, workers, index)
+        for rows, verdicts in pairs:
+            kept_cols: dict[str, list[Any]] = {name: [] for name in PROMPT_SCHEMA.names}
+            removed_cols: dict[str, list[Any]] = {name: [] for name in REMOVED_SCHEMA.names}
+            for row, key, count, match in zip(rows, verdicts.keys, verdicts.word_counts, verdicts.matches):
+                reason, matched, ngram = _decide(row, key, count, match, index.n, config, kept_ids, tally)
+                tally.per_source[row.source]["read"] += 1
+                tally.per_source[row.source][reason or "kept"] += 1
+                if reason is None:
+                    for name, value in zip(PROMPT_SCHEMA.names, (row.id, row.source, row.prompt, row.record)):
+                        kept_cols[name].append(value)
+                else:
+                    for name, value in zip(REMOVED_SCHEMA.names, (row.id, row.source, row.where, reason, matched, ngram)):
+                        removed_cols[name].append(value)
+            kept.write(kept_cols)
+            removed.write(removed_cols)
+            read += len(rows)
+            if time.monotonic() - last_log >= config.progress_seconds:
+                last_log = time.monotonic()
+                log.info("%d prompts read, %d kept, %.0f prompts/s", read, kept.rows, read / (last_log - started))
+        kept.close()
+        removed.close()
+
+        elapsed = time.monotonic() - started
+        report = _report(inputs, specs, items, config, tally, read, kept.rows, elapsed, workers)
+        (staging / "report.json").write_text(json.dumps(report, indent=2, sort_keys=False))
+        (staging / "report.md").write_text(render_markdown(report))
+        storage.publish_dir(staging, output, meta={"stage": "curate", "kept": kept.rows, "read": read})
+    log.info("published %s: %d of %d prompts kept (%.1f s)", output, kept.rows, read, elapsed)
+    return report
+
+
+def _with_inputs(
+    batches: Iterator[list[PromptRow]], workers: int, index: NgramIndex
+) -> Iterator[tuple[list[PromptRow], BatchVerdicts]]:
+    """Pairs each batch of rows with its verdicts computed on the worker pool."""
+    in_flight: collections.deque[list[PromptRow]] = collections.deque()
+
+    def texts() -> Iterator[list[str]]:
+        for batch in batches:
+            in_flight.append(batch)
+            yield [row.prompt for row in batch]
+
+    for verdicts in ordered_map(_analyze_in_worker, texts(), workers, initializer=_set_index, initargs=(index,)):
+        yield in_flight.popleft(), verdicts
+
+
+def _decide(
+    row: PromptRow,
+    key: bytes,
+    word_count: int,
+    match: Match | None,
+    n: int,
+    config: CurateConfig,
+    kept_ids: dict[bytes, str],
+    tally: _Tally,
+) -> tuple[str | None, list[str], str]:
+    """The removal reason of one prompt (None = keep), the ids it matched and the shared n-gram."""
+    if word_count == 0:
+        return "empty", [], ""
+    if word_count < n:
+        removed = match is not None and config.drop_short_matches
+        tally.short(row, word_count, removed)
+        if removed:
+            assert match is not None
+            tally.contaminated(match)
+            return "short_match", list(match.item_ids), match.ngram
+    elif match is not None:
+        tally.contaminated(match)
+        return "contaminated", list(match.item_ids), match.ngram
+    first = kept_ids.get(key)
+    if first is not None:
+        return "duplicate", [first], ""
+    kept_ids[key] = row.id
+    return None, [], ""
+
+
+def _report(
+    inputs: Sequence[str],
+    benchmark_specs: Sequence[str],
+    items: Sequence[BenchmarkItem],
+    config: CurateConfig,
+    tally: _Tally,
+    read: int,
+    kept: int,
+    elapsed: float,
+    workers: int,
+) -> dict[str, Any]:
+    totals = Counter({reason: 0 for reason in REASONS})
+    for counts in tally.per_source.values():
+        totals.update({reason: counts[reason] for reason in REASONS})
+    items_per_benchmark = Counter(item.benchmark for item in items)
+    return {
+        "stage": "curate",
+        "inputs": list(inputs),
+        "benchmarks": list(benchmark_specs),
+        "empty_input": read == 0,
+        "totals": {"read": read, "kept": kept, "removed": read - kept, **dict(totals)},
+        "per_source": {
+            source: {"read": c["read"], "kept": c["kept"], **{r: c[r] for r in REASONS}}
+            for source, c in tally.per_source.items()
+        },
+        "per_benchmark": {
+            name: {
+                "items": items_per_benchmark[name],
+                "items_matched": len(tally.items_hit.get(name, ())),
+                "prompts_removed": tally.prompts_per_benchmark.get(name, 0),
+            }
+            for name in sorted(items_per_benchmark)
+        },
+        "short_prompts": {
+            "note": f"prompts under {config.ngram_size} words cannot share a {config.ngram_size}-gram; "
+            "they are removed only if their whole text occurs inside a benchmark item",
+            "count": tally.short_count,
+            "removed": sum(1 for s in tally.short_ids if s["removed"]),
+            "listed": tally.short_ids,
+        },
+        "config": config.model_dump(mode="json"),
+        "workers": workers,
+        "elapsed_s": round(elapsed, 3),
+        "prompts_per_s": round(read / elapsed, 1) if elapsed > 0 else None,
+    }
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    from klear.cli import add_config_arguments
+
+    parser = subparsers.add_parser(
+        "curate",
+        help="exact dedup and n-gram decontamination of prompt sources",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--input", nargs="+", required=True, metavar="URI", help="prompt sources, URI[#prompt=FIELD&id=FIELD&source=NAME]"
+    )
+    parser.add_argument(
+        "--benchmark", nargs="+", default=None, metavar="URI", help="test sets (default: the shipped AIME24/25, HMMT25)"
+    )
+    parser.add_argument("--output", required=True, metavar="URI", help="output location (path, file:// or s3://)")
+    add_config_arguments(parser)
+    parser.set_defaults(func=_main)
+
+
+def _main(args: argparse.Namespace) -> int:
+    config = load_config(CurateConfig, args.config, args.overrides)
+    report = run(args.input, args.output, config, args.benchmark)
+    print(json.dumps(report["totals"]))
+    return 0
