@@ -12,7 +12,7 @@ import logging
 import sys
 
 SUBCOMMANDS = (
-    "klear.demo_data",
+    "klear.demo.generate",
     "klear.curate.stage",
 )
 

@@ -44,7 +44,6 @@ __all__ = [
 ]
 
 MANIFEST_NAME = "_MANIFEST.json"
-_MAX_ATTEMPTS = int(os.environ.get("KLEAR_S3_MAX_ATTEMPTS", "4"))
 _CHUNK = 8 * 1024 * 1024
 
 
@@ -102,13 +101,17 @@ class Uri:
 # --------------------------------------------------------------------------- S3 plumbing
 
 
+def _max_attempts() -> int:
+    return int(os.environ.get("KLEAR_S3_MAX_ATTEMPTS", "4"))
+
+
 @functools.lru_cache(maxsize=None)
-def _client_for(endpoint: str | None, key_id: str | None, region: str | None) -> Any:
+def _client_for(endpoint: str | None, key_id: str | None, secret: str | None, region: str | None, attempts: int) -> Any:
     import boto3
     from botocore.config import Config
 
     config = Config(
-        retries={"max_attempts": _MAX_ATTEMPTS, "mode": "standard"},
+        retries={"max_attempts": attempts, "mode": "standard"},
         connect_timeout=5,
         read_timeout=60,
         s3={"addressing_style": "path"},
@@ -123,7 +126,9 @@ def _client() -> Any:
     return _client_for(
         os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL"),
         os.environ.get("AWS_ACCESS_KEY_ID"),
+        os.environ.get("AWS_SECRET_ACCESS_KEY"),
         os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION"),
+        _max_attempts(),
     )
 
 
@@ -164,7 +169,7 @@ def _s3_errors(uri: Uri, action: str) -> Iterator[None]:
         raise StorageError(f"{action} {uri}: no S3 credentials (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY)") from None
     except BotoCoreError as exc:
         raise StorageError(
-            f"{action} {uri}: cannot reach S3 endpoint {_endpoint()} after {_MAX_ATTEMPTS} attempts: {exc}"
+            f"{action} {uri}: cannot reach S3 endpoint {_endpoint()} after {_max_attempts()} attempts: {exc}"
         ) from None
 
 

@@ -60,8 +60,11 @@ def words(text: str) -> list[str]:
 def normalize_batch(texts: Sequence[str]) -> pa.ListArray:
     """Word lists of many texts at once (a list<string> Arrow array, one entry per text)."""
     folded = pa.array([_normalize_bytes(t) for t in texts], type=pa.large_binary()).cast(pa.large_string())
-    # Only single ASCII spaces remain between words and none at the ends, so this split is exact.
-    return pc.ascii_split_whitespace(folded)
+    # Only single ASCII spaces remain between words and none at the ends, so this split is exact,
+    # except that Arrow splits "" into [""]: split nulls instead, then make them empty lists.
+    blank = pc.equal(pc.binary_length(folded), 0)
+    lists = pc.ascii_split_whitespace(pc.if_else(blank, pa.scalar(None, pa.large_string()), folded))
+    return pc.fill_null(lists, pa.scalar([], lists.type))
 
 
 def dedup_key(normalized: str | bytes) -> bytes:

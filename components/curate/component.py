@@ -1,0 +1,37 @@
+"""KFP component of the curate stage: a thin wrapper around `klear.curate.stage.run`."""
+
+from kfp import dsl
+from kfp.dsl import Dataset, Input, Markdown, Metrics, Output
+
+from klear.common.images import CPU_IMAGE
+
+
+@dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
+def curate(
+    source_data: Input[Dataset],
+    source_files: list,
+    benchmark_uris: list,
+    preset: str,
+    overrides: list,
+    run_root: str,
+    run_id: str,
+    curated: Output[Dataset],
+    summary: Output[Markdown],
+    metrics: Output[Metrics],
+):
+    """Exact dedup and n-gram decontamination of the prompt sources in `source_data`."""
+    from klear.common import kfp_io
+    from klear.common.config import load_config
+    from klear.curate.config import CurateConfig
+    from klear.curate.report import render_markdown
+    from klear.curate.stage import run
+
+    root = kfp_io.input_location(source_data).rstrip("/")
+    sources = [f"{root}/{name}" for name in source_files]
+    target = kfp_io.output_location(curated, run_root, run_id, "curate")
+    report = run(sources, target, load_config(CurateConfig, preset, overrides), benchmark_uris or None)
+    kfp_io.record_output(curated, target, {"kept": report["totals"]["kept"], "read": report["totals"]["read"]})
+    with open(summary.path, "w") as fh:
+        fh.write(render_markdown(report))
+    for key, value in report["totals"].items():
+        metrics.log_metric(key, value)

