@@ -12,19 +12,21 @@ Hugging Face `datasets` folder; anything else is refused rather than guessed at.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import parse_qsl
 
+import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from klear.common import storage
 
-__all__ = ["RecordError", "Source", "ParquetShardWriter", "iter_records", "read_records"]
+__all__ = ["Chunk", "Located", "ParquetShardWriter", "RecordError", "Source", "iter_chunks", "iter_records", "parse_chunk", "read_records"]
 
 _JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 _PARQUET_SUFFIXES = (".parquet",)
@@ -60,42 +62,65 @@ def _stem(uri: str) -> str:
     return base or "source"
 
 
-@dataclass(frozen=True)
-class Located:
+class Located(NamedTuple):
     """One record and where it came from (file:line for JSONL, file:row for tabular data)."""
 
     where: str
+    number: int  # line number (JSONL) or row number (tabular), from 1
     record: dict[str, Any]
-    raw: str | None = None  # the JSONL line as read, when the source is JSONL
 
 
-def _iter_jsonl(path: Path, origin: str) -> Iterator[Located]:
+@dataclass(frozen=True)
+class Chunk:
+    """Consecutive entries of one file, not parsed yet: JSONL lines (blank ones included, so line
+    numbers stay exact) or rows of tabular data. Parsing is left to `parse_chunk`, which may run in
+    a worker process: the reader only moves bytes."""
+
+    origin: str
+    first: int
+    lines: list[bytes] | None = None
+    rows: list[dict[str, Any]] | None = None
+
+
+def parse_chunk(chunk: Chunk) -> list[Located]:
+    if chunk.rows is not None:
+        return [Located(f"{chunk.origin}:row {chunk.first + i}", chunk.first + i, row) for i, row in enumerate(chunk.rows)]
+    out = []
+    for i, line in enumerate(chunk.lines or ()):
+        lineno = chunk.first + i
+        if not line.strip():
+            continue
+        try:
+            record = orjson.loads(line)
+        except orjson.JSONDecodeError as exc:
+            raise RecordError(f"{chunk.origin}:{lineno}: malformed JSON ({exc})") from None
+        if not isinstance(record, dict):
+            raise RecordError(f"{chunk.origin}:{lineno}: expected a JSON object, got {type(record).__name__}")
+        out.append(Located(f"{chunk.origin}:{lineno}", lineno, record))
+    return out
+
+
+def _jsonl_chunks(path: Path, origin: str, size: int) -> Iterator[Chunk]:
     with open(path, "rb") as fh:
-        for lineno, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except ValueError as exc:
-                raise RecordError(f"{origin}:{lineno}: malformed JSON ({exc})") from None
-            if not isinstance(record, dict):
-                raise RecordError(f"{origin}:{lineno}: expected a JSON object, got {type(record).__name__}")
-            yield Located(f"{origin}:{lineno}", record, line.decode("utf-8", "replace").rstrip("\r\n"))
+        first = 1
+        while lines := list(itertools.islice(fh, size)):
+            yield Chunk(origin, first, lines=lines)
+            first += len(lines)
 
 
-def _iter_parquet(path: Path, origin: str, batch_rows: int = 8192) -> Iterator[Located]:
+def _parquet_chunks(path: Path, origin: str, size: int) -> Iterator[Chunk]:
     try:
         parquet = pq.ParquetFile(path)
     except (pa.ArrowInvalid, OSError) as exc:
         raise RecordError(f"{origin}: not a readable Parquet file ({exc})") from None
-    row = 0
-    for batch in parquet.iter_batches(batch_size=batch_rows):
-        for record in batch.to_pylist():
-            row += 1
-            yield Located(f"{origin}:row {row}", record)
+    first = 1
+    for batch in parquet.iter_batches(batch_size=size):
+        rows = batch.to_pylist()
+        yield Chunk(origin, first, rows=rows)
+        first += len(rows)
 
 
-def _iter_hf_dataset(path: Path, origin: str, split: str | None) -> Iterator[Located]:
+def _hf_dataset_chunks(path: Path, origin: str, split: str | None, size: int) -> Iterator[Chunk]:
     import datasets
 
     loaded = datasets.load_from_disk(str(path))
@@ -105,32 +130,35 @@ def _iter_hf_dataset(path: Path, origin: str, split: str | None) -> Iterator[Loc
         if split not in loaded:
             raise RecordError(f"{origin}: no split {split!r}; splits: {list(loaded)}")
         loaded = loaded[split]
-    for row, record in enumerate(loaded, start=1):
-        yield Located(f"{origin}:row {row}", dict(record))
+    for start in range(0, len(loaded), size):
+        columns = loaded[start : start + size]
+        names = list(columns)
+        rows = [dict(zip(names, values)) for values in zip(*(columns[n] for n in names))]
+        yield Chunk(origin, start + 1, rows=rows)
 
 
-def _iter_file(path: Path, origin: str) -> Iterator[Located]:
+def _file_chunks(path: Path, origin: str, size: int) -> Iterator[Chunk]:
     if origin.endswith(_JSONL_SUFFIXES):
-        yield from _iter_jsonl(path, origin)
+        yield from _jsonl_chunks(path, origin, size)
     elif origin.endswith(_PARQUET_SUFFIXES):
-        yield from _iter_parquet(path, origin)
+        yield from _parquet_chunks(path, origin, size)
     else:
         raise RecordError(f"{origin}: unknown file type; expected one of {_JSONL_SUFFIXES + _PARQUET_SUFFIXES}")
 
 
-def iter_records(source: Source) -> Iterator[Located]:
-    """Stream the records of a source in order, downloading from S3 as needed."""
+def iter_chunks(source: Source, size: int = 4096) -> Iterator[Chunk]:
+    """Stream a source in order as unparsed chunks of up to `size` entries, downloading from S3 as needed."""
     uri = storage.Uri.parse(source.uri)
     if storage.is_dir(uri):
         if storage.exists(uri.join(storage.MANIFEST_NAME)):
             with storage.fetch_published(uri) as (local, manifest):
                 for rel in sorted(manifest.files):
                     if rel.endswith(_JSONL_SUFFIXES + _PARQUET_SUFFIXES):
-                        yield from _iter_file(local / rel, f"{uri.join(rel)}")
+                        yield from _file_chunks(local / rel, f"{uri.join(rel)}", size)
             return
         with storage.localize(uri) as local:
             if (local / "dataset_info.json").exists() or (local / "dataset_dict.json").exists():
-                yield from _iter_hf_dataset(local, str(uri), source.fields.get("split"))
+                yield from _hf_dataset_chunks(local, str(uri), source.fields.get("split"), size)
                 return
         raise storage.UnpublishedOutputError(
             f"{uri} is a directory with neither a {storage.MANIFEST_NAME} nor a Hugging Face datasets layout; "
@@ -139,7 +167,13 @@ def iter_records(source: Source) -> Iterator[Located]:
     if not storage.exists(uri):
         raise FileNotFoundError(f"input not found: {uri}")
     with storage.localize(uri) as local:
-        yield from _iter_file(local, str(uri))
+        yield from _file_chunks(local, str(uri), size)
+
+
+def iter_records(source: Source) -> Iterator[Located]:
+    """Stream the records of a source in order."""
+    for chunk in iter_chunks(source):
+        yield from parse_chunk(chunk)
 
 
 def read_records(uri: str) -> list[dict[str, Any]]:
@@ -148,30 +182,64 @@ def read_records(uri: str) -> list[dict[str, Any]]:
 
 
 class ParquetShardWriter:
-    """Writes rows to `<dir>/<prefix>-00000.parquet`, `-00001`, ... with a fixed schema."""
+    """Writes rows to `<dir>/<prefix>-00000.parquet`, `-00001`, ... with a fixed schema.
 
-    def __init__(self, directory: Path, prefix: str, schema: pa.Schema, rows_per_shard: int = 500_000) -> None:
+    Rows are buffered into row groups of `row_group_rows` (few large row groups read and compress
+    better than many small ones); zstd level 1, dictionary encoding only for the columns named in
+    `dictionary_columns` (for unique texts it costs time and saves nothing).
+    """
+
+    def __init__(
+        self,
+        directory: Path,
+        prefix: str,
+        schema: pa.Schema,
+        rows_per_shard: int = 500_000,
+        row_group_rows: int = 32_768,
+        dictionary_columns: tuple[str, ...] = (),
+    ) -> None:
         self.directory = directory
         self.prefix = prefix
         self.schema = schema
         self.rows_per_shard = rows_per_shard
+        self.row_group_rows = min(row_group_rows, rows_per_shard)
+        self.dictionary_columns = list(dictionary_columns)
         self.rows = 0
         self.shards: list[Path] = []
         self._writer: pq.ParquetWriter | None = None
         self._rows_in_shard = 0
+        self._pending: list[pa.Table] = []
+        self._pending_rows = 0
         directory.mkdir(parents=True, exist_ok=True)
 
-    def write(self, columns: dict[str, list[Any]]) -> None:
-        table = pa.table(columns, schema=self.schema)
+    def write(self, rows: pa.Table | pa.RecordBatch | dict[str, list[Any]]) -> None:
+        if isinstance(rows, dict):
+            table = pa.table(rows, schema=self.schema)
+        elif isinstance(rows, pa.RecordBatch):
+            table = pa.Table.from_batches([rows]).select(self.schema.names).cast(self.schema)
+        else:
+            table = rows.select(self.schema.names).cast(self.schema)
+        if table.num_rows == 0:
+            return
+        self._pending.append(table)
+        self._pending_rows += table.num_rows
+        self.rows += table.num_rows
+        if self._pending_rows >= self.row_group_rows:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self._pending:
+            return
+        table = pa.concat_tables(self._pending)
+        self._pending, self._pending_rows = [], 0
         offset = 0
         while offset < table.num_rows:
             if self._writer is None or self._rows_in_shard >= self.rows_per_shard:
                 self._open_next()
             assert self._writer is not None
             take = min(table.num_rows - offset, self.rows_per_shard - self._rows_in_shard)
-            self._writer.write_table(table.slice(offset, take))
+            self._writer.write_table(table.slice(offset, take), row_group_size=self.row_group_rows)
             self._rows_in_shard += take
-            self.rows += take
             offset += take
 
     def _open_next(self) -> None:
@@ -179,20 +247,16 @@ class ParquetShardWriter:
             self._writer.close()
         path = self.directory / f"{self.prefix}-{len(self.shards):05d}.parquet"
         self.shards.append(path)
-        self._writer = pq.ParquetWriter(path, self.schema, compression="zstd")
+        self._writer = pq.ParquetWriter(
+            path, self.schema, compression="zstd", compression_level=1, use_dictionary=self.dictionary_columns
+        )
         self._rows_in_shard = 0
 
     def close(self) -> None:
+        self._flush()
         if self._writer is None:
             # An empty output is still a valid one: one shard with the schema and no rows.
             self._open_next()
         assert self._writer is not None
         self._writer.close()
         self._writer = None
-
-    def __enter__(self) -> ParquetShardWriter:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        with contextlib.suppress(Exception):
-            self.close()

@@ -17,7 +17,6 @@ never remove a prompt.
 
 from __future__ import annotations
 
-import hashlib
 import re
 import unicodedata
 from collections.abc import Sequence
@@ -26,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import xxhash
 
 __all__ = [
     "BenchmarkItem",
@@ -61,16 +61,21 @@ def normalize_batch(texts: Sequence[str]) -> pa.ListArray:
     """Word lists of many texts at once (a list<string> Arrow array, one entry per text)."""
     folded = pa.array([_normalize_bytes(t) for t in texts], type=pa.large_binary()).cast(pa.large_string())
     # Only single ASCII spaces remain between words and none at the ends, so this split is exact,
-    # except that Arrow splits "" into [""]: split nulls instead, then make them empty lists.
-    blank = pc.equal(pc.binary_length(folded), 0)
-    lists = pc.ascii_split_whitespace(pc.if_else(blank, pa.scalar(None, pa.large_string()), folded))
-    return pc.fill_null(lists, pa.scalar([], lists.type))
+    # except that Arrow splits "" into [""]: such (rare) lists are rebuilt empty.
+    lists = pc.ascii_split_whitespace(folded)
+    blank = pc.equal(pc.binary_length(folded), 0).to_numpy(zero_copy_only=False)
+    if not blank.any():
+        return lists
+    lengths = pc.list_value_length(lists).to_numpy(zero_copy_only=False)
+    values = pc.list_flatten(lists).filter(pa.array(np.repeat(~blank, lengths)))
+    offsets = np.concatenate(([0], np.cumsum(np.where(blank, 0, lengths))))
+    return type(lists).from_arrays(pa.array(offsets, lists.offsets.type), values)
 
 
 def dedup_key(normalized: str | bytes) -> bytes:
     """A 16-byte key of a normalized text (words joined by single spaces): equal texts, equal keys."""
     data = normalized.encode() if isinstance(normalized, str) else normalized
-    return hashlib.blake2b(data, digest_size=16).digest()
+    return xxhash.xxh3_128_digest(data)
 
 
 @dataclass(frozen=True)
@@ -110,7 +115,8 @@ class NgramIndex:
                 owners = self._ngrams.setdefault(tuple(ws[start : start + n]), [])
                 if item.id not in owners:
                     owners.append(item.id)
-        hashes = [self._hash_ids(self._ids_of(list(gram))) for gram in self._ngrams]
+        hashes = [self._hash_windows(ids, np.arange(len(ids) - n + 1)) for ids in map(self._ids_of, self.item_words)
+                  if len(ids) >= n]
         self._hashes = np.unique(np.concatenate(hashes)) if hashes else np.zeros(0, dtype=np.uint64)
         # Short prompts are matched as substrings of the benchmark texts, on word boundaries.
         self._joined = "\n".join(f" {' '.join(ws)} " for ws in self.item_words)
@@ -121,50 +127,53 @@ class NgramIndex:
         return len(self._ngrams)
 
     def _ids_of(self, flat_words: pa.Array | list[str]) -> np.ndarray:
-        ids = pc.index_in(pa.array(flat_words, type=pa.large_string()), value_set=self._vocab)
-        return (pc.fill_null(ids, -1).to_numpy(zero_copy_only=False).astype(np.int64) + 1).astype(np.uint64)
+        positions = pc.index_in(pa.array(flat_words, type=pa.large_string()), value_set=self._vocab)
+        # Unknown words (null) become 0, benchmark words 1..V.
+        return pc.fill_null(positions, -1).to_numpy().astype(np.int64).astype(np.uint64) + np.uint64(1)
 
-    def _hash_ids(self, ids: np.ndarray) -> np.ndarray:
-        """Hashes of every window of n consecutive ids (windows with an unknown word are still hashed)."""
+    def _hash_windows(self, ids: np.ndarray, starts: np.ndarray) -> np.ndarray:
+        """Hashes of the windows of n consecutive ids beginning at `starts`."""
+        acc = ids[starts] * _MULTIPLIERS[0]
+        for k in range(1, self.n):
+            acc += ids[starts + k] * _MULTIPLIERS[k]
+        return acc
+
+    def _valid_starts(self, ids: np.ndarray) -> np.ndarray:
+        """Starts of the windows whose n words are all benchmark words (id > 0)."""
         count = len(ids) - self.n + 1
         if count <= 0:
-            return np.zeros(0, dtype=np.uint64)
-        acc = np.zeros(count, dtype=np.uint64)
-        for k in range(self.n):
-            acc += ids[k : k + count] * _MULTIPLIERS[k]
-        return acc
+            return np.zeros(0, dtype=np.int64)
+        known = ids != 0
+        ok = known[:count].copy()
+        for k in range(1, self.n):
+            ok &= known[k : k + count]
+        return np.flatnonzero(ok)
 
     def match_batch(self, word_lists: pa.ListArray) -> list[Match | None]:
         """For each prompt (its word list), the contamination match or None. Prompts shorter than n: see match_short."""
         results: list[Match | None] = [None] * len(word_lists)
+        n = self.n
         if len(word_lists) == 0 or len(self._hashes) == 0:
             return results
         flat = pc.list_flatten(word_lists)
         offsets = word_lists.offsets.to_numpy()
         offsets = offsets - offsets[0]
-        ids = self._ids_of(flat)
-        n = self.n
-        if len(ids) < n:
-            return results
-        # Windows that contain an unknown word (id 0) or cross a prompt boundary cannot match.
-        unknown = np.concatenate(([0], np.cumsum(ids == 0)))
-        window_ok = unknown[n:] == unknown[:-n]
-        prompt_of_start = np.searchsorted(offsets, np.arange(len(ids) - n + 1), side="right") - 1
-        window_ok &= np.arange(len(ids) - n + 1) + n <= offsets[prompt_of_start + 1]
-        starts = np.flatnonzero(window_ok)
+        # A 0 (unknown word) between prompts: then no valid window crosses a prompt boundary, and
+        # prompt p's words sit at positions offsets[p] + p onwards.
+        ids = np.insert(self._ids_of(flat), offsets[1:-1], np.uint64(0))
+        starts = self._valid_starts(ids)
         if len(starts) == 0:
             return results
-        hashes = self._hash_ids(ids)[starts]
+        hashes = self._hash_windows(ids, starts)
         slot = np.minimum(np.searchsorted(self._hashes, hashes), len(self._hashes) - 1)
         hits = starts[self._hashes[slot] == hashes]
         if len(hits) == 0:
             return results
-        flat_list = None
-        for start in hits.tolist():
-            prompt = int(prompt_of_start[start])
-            if flat_list is None:
-                flat_list = flat.to_pylist()
-            gram = tuple(flat_list[start : start + n])
+        shifted_starts = offsets[:-1] + np.arange(len(offsets) - 1)
+        prompts = np.searchsorted(shifted_starts, hits, side="right") - 1
+        for start, prompt in zip(hits.tolist(), prompts.tolist()):
+            word_start = start - prompt
+            gram = tuple(flat.slice(word_start, n).to_pylist())
             owners = self._ngrams.get(gram)  # confirms the hash hit on the words themselves
             if owners is None:
                 continue

@@ -6,7 +6,7 @@ Reads every prompt source in order, removes (1) prompts that share a word n-gram
 ("contaminated"), or, when shorter than n words, whose whole text occurs inside one ("short_match"),
 and (2) exact duplicates of an earlier kept prompt after normalization ("duplicate"). Publishes
 
-    prompts/part-*.parquet   kept prompts: id, source, prompt, record (the source row as JSON)
+    prompts/part-*.parquet   kept prompts: id, source, prompt, record (the row's other fields as JSON)
     removed/part-*.parquet   removed rows: id, source, where, reason, matched, ngram
     report.json, report.md   counts per source, per reason, per benchmark; short prompts listed
 
@@ -16,17 +16,18 @@ atomically: nothing is visible as complete until the manifest is written, last.
 from __future__ import annotations
 
 import argparse
-import collections
 import json
 import logging
 import tempfile
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -34,7 +35,7 @@ from klear import benchmarks as shipped_benchmarks
 from klear.common import storage
 from klear.common.config import load_config
 from klear.common.parallel import ordered_map, resolve_workers
-from klear.common.records import Located, ParquetShardWriter, RecordError, Source, iter_records
+from klear.common.records import Chunk, Located, ParquetShardWriter, RecordError, Source, iter_chunks, iter_records, parse_chunk
 from klear.curate.config import CurateConfig
 from klear.curate.matching import BenchmarkItem, Match, NgramIndex, dedup_key, normalize_batch
 from klear.curate.report import render_markdown
@@ -55,15 +56,7 @@ REMOVED_SCHEMA = pa.schema(
     ]
 )
 REASONS = ("duplicate", "contaminated", "short_match", "empty")
-
-
-@dataclass(frozen=True)
-class PromptRow:
-    id: str
-    source: str
-    where: str
-    prompt: str
-    record: str
+ROW_SCHEMA = pa.schema([*PROMPT_SCHEMA, ("where", pa.string())])
 
 
 # --------------------------------------------------------------------------- reading
@@ -88,15 +81,9 @@ def load_benchmark_items(specs: Sequence[str], config: CurateConfig) -> list[Ben
     return items
 
 
-def iter_prompts(sources: Sequence[Source], config: CurateConfig) -> Iterator[PromptRow]:
-    for source in sources:
-        prompt_field = source.fields.get("prompt", config.prompt_field)
-        id_field = source.fields.get("id", config.id_field)
-        for row, located in enumerate(iter_records(source), start=1):
-            yield _prompt_row(source, located, row, prompt_field, id_field)
-
-
-def _prompt_row(source: Source, located: Located, row: int, prompt_field: str, id_field: str) -> PromptRow:
+def _prompt_fields(located: Located, source: Source, prompt_field: str, id_field: str) -> tuple[str, str, str]:
+    """(id, prompt, the row's other fields as JSON) of one source row; a missing or non-text prompt is
+    an error naming it."""
     record = located.record
     prompt = record.get(prompt_field)
     if not isinstance(prompt, str):
@@ -107,23 +94,12 @@ def _prompt_row(source: Source, located: Located, row: int, prompt_field: str, i
             )
         raise RecordError(f"{located.where}: field {prompt_field!r} is {type(prompt).__name__}, expected a string")
     raw_id = record.get(id_field)
-    row_id = str(raw_id) if raw_id not in (None, "") else f"{source.name}:{row}"
-    raw = located.raw if located.raw is not None else json.dumps(record, ensure_ascii=False, default=str)
-    return PromptRow(row_id, source.name, located.where, prompt, raw)
+    row_id = str(raw_id) if raw_id not in (None, "") else f"{source.name}:{located.number}"
+    others = orjson.dumps({k: v for k, v in record.items() if k != prompt_field}, default=str).decode()
+    return row_id, prompt, others
 
 
-def _batched(rows: Iterator[PromptRow], size: int) -> Iterator[list[PromptRow]]:
-    batch: list[PromptRow] = []
-    for row in rows:
-        batch.append(row)
-        if len(batch) >= size:
-            yield batch
-            batch = []
-    if batch:
-        yield batch
-
-
-# --------------------------------------------------------------------------- matching (worker side)
+# --------------------------------------------------------------------------- worker side
 
 _INDEX: NgramIndex | None = None
 
@@ -153,9 +129,30 @@ def analyze_batch(index: NgramIndex, texts: Sequence[str]) -> BatchVerdicts:
     return BatchVerdicts(keys, counts, matches)
 
 
-def _analyze_in_worker(texts: list[str]) -> BatchVerdicts:
+@dataclass(frozen=True)
+class PreparedBatch:
+    """One chunk of one source, parsed and analyzed. Rows travel as an Arrow batch (id, source,
+    prompt, record, where): cheap to send between processes and to filter and write."""
+
+    source: str
+    rows: pa.RecordBatch
+    verdicts: BatchVerdicts
+
+
+def prepare_chunk(source: Source, chunk: Chunk, prompt_field: str, id_field: str, index: NgramIndex) -> PreparedBatch:
+    located = parse_chunk(chunk)
+    fields = [_prompt_fields(row, source, prompt_field, id_field) for row in located]
+    ids, prompts, records = (list(column) for column in zip(*fields)) if fields else ([], [], [])
+    rows = pa.record_batch(
+        [ids, [source.name] * len(ids), prompts, records, [row.where for row in located]],
+        schema=ROW_SCHEMA,
+    )
+    return PreparedBatch(source.name, rows, analyze_batch(index, prompts))
+
+
+def _prepare_in_worker(task: tuple[Source, Chunk, str, str]) -> PreparedBatch:
     assert _INDEX is not None, "worker started without the benchmark index"
-    return analyze_batch(_INDEX, texts)
+    return prepare_chunk(*task, _INDEX)
 
 
 # --------------------------------------------------------------------------- the stage
@@ -180,10 +177,10 @@ class _Tally:
         for item in match.item_ids:
             self.items_hit[self.benchmark_of.get(item, "?")].add(item)
 
-    def short(self, row: PromptRow, words_count: int, removed: bool) -> None:
+    def short(self, row_id: str, source: str, words_count: int, removed: bool) -> None:
         self.short_count += 1
         if len(self.short_ids) < self.short_limit:
-            self.short_ids.append({"id": row.id, "source": row.source, "words": words_count, "removed": removed})
+            self.short_ids.append({"id": row_id, "source": source, "words": words_count, "removed": removed})
 
 
 def run(
@@ -198,34 +195,51 @@ def run(
     sources = [Source.parse(spec) for spec in inputs]
     workers = resolve_workers(config.workers)
     tally = _Tally(items, config.report_short_limit)
+    for source in sources:  # every source appears in the report, even an empty one
+        tally.per_source[source.name]["read"] += 0
     kept_ids: dict[bytes, str] = {}
 
     with tempfile.TemporaryDirectory(prefix="klear-curate-") as staging_dir:
         staging = Path(staging_dir)
-        kept = ParquetShardWriter(staging / "prompts", "part", PROMPT_SCHEMA, config.rows_per_shard)
-        removed = ParquetShardWriter(staging / "removed", "part", REMOVED_SCHEMA, config.rows_per_shard)
+        kept = ParquetShardWriter(staging / "prompts", "part", PROMPT_SCHEMA, config.rows_per_shard,
+                                  dictionary_columns=("source",))
+        removed = ParquetShardWriter(staging / "removed", "part", REMOVED_SCHEMA, config.rows_per_shard,
+                                     dictionary_columns=("source", "reason"))
         read = 0
         last_log = time.monotonic()
-        batches = _batched(iter_prompts(sources, config), config.batch_size)
-        # The reader runs here while workers normalize and match; batches come back in input order,
-        # so "first occurrence kept" is deterministic whatever the number of workers.
-        pairs = _with_inputs(batches, workers, index)
-        for rows, verdicts in pairs:
-            kept_cols: dict[str, list[Any]] = {name: [] for name in PROMPT_SCHEMA.names}
-            removed_cols: dict[str, list[Any]] = {name: [] for name in REMOVED_SCHEMA.names}
-            for row, key, count, match in zip(rows, verdicts.keys, verdicts.word_counts, verdicts.matches):
-                reason, matched, ngram = _decide(row, key, count, match, index.n, config, kept_ids, tally)
-                tally.per_source[row.source]["read"] += 1
-                tally.per_source[row.source][reason or "kept"] += 1
+        tasks = (
+            (source, chunk, source.fields.get("prompt", config.prompt_field), source.fields.get("id", config.id_field))
+            for source in sources
+            for chunk in iter_chunks(source, config.batch_size)
+        )
+        # This process only moves bytes and decides duplicates; workers parse, normalize and match.
+        # Batches come back in input order, so "first occurrence kept" holds for any number of workers.
+        for batch in ordered_map(_prepare_in_worker, tasks, workers, initializer=_set_index, initargs=(index,)):
+            ids = batch.rows.column("id").to_pylist()
+            counts = tally.per_source[batch.source]
+            verdicts = batch.verdicts
+            keep = np.zeros(len(ids), dtype=bool)
+            removed_at: list[int] = []
+            removal: dict[str, list[Any]] = {"reason": [], "matched": [], "ngram": []}
+            for i, row_id in enumerate(ids):
+                reason, matched, ngram = _decide(row_id, batch.source, verdicts.keys[i], verdicts.word_counts[i],
+                                                 verdicts.matches[i], index.n, config, kept_ids, tally)
+                counts[reason or "kept"] += 1
                 if reason is None:
-                    for name, value in zip(PROMPT_SCHEMA.names, (row.id, row.source, row.prompt, row.record)):
-                        kept_cols[name].append(value)
+                    keep[i] = True
                 else:
-                    for name, value in zip(REMOVED_SCHEMA.names, (row.id, row.source, row.where, reason, matched, ngram)):
-                        removed_cols[name].append(value)
-            kept.write(kept_cols)
-            removed.write(removed_cols)
-            read += len(rows)
+                    removed_at.append(i)
+                    removal["reason"].append(reason)
+                    removal["matched"].append(matched)
+                    removal["ngram"].append(ngram)
+            counts["read"] += len(ids)
+            kept.write(batch.rows.filter(pa.array(keep)))
+            if removed_at:
+                dropped = pa.Table.from_batches([batch.rows.take(pa.array(removed_at))])
+                for name, values in removal.items():
+                    dropped = dropped.append_column(REMOVED_SCHEMA.field(name), pa.array(values, REMOVED_SCHEMA.field(name).type))
+                removed.write(dropped)
+            read += len(ids)
             if time.monotonic() - last_log >= config.progress_seconds:
                 last_log = time.monotonic()
                 log.info("%d prompts read, %d kept, %.0f prompts/s", read, kept.rows, read / (last_log - started))
@@ -241,23 +255,9 @@ def run(
     return report
 
 
-def _with_inputs(
-    batches: Iterator[list[PromptRow]], workers: int, index: NgramIndex
-) -> Iterator[tuple[list[PromptRow], BatchVerdicts]]:
-    """Pairs each batch of rows with its verdicts computed on the worker pool."""
-    in_flight: collections.deque[list[PromptRow]] = collections.deque()
-
-    def texts() -> Iterator[list[str]]:
-        for batch in batches:
-            in_flight.append(batch)
-            yield [row.prompt for row in batch]
-
-    for verdicts in ordered_map(_analyze_in_worker, texts(), workers, initializer=_set_index, initargs=(index,)):
-        yield in_flight.popleft(), verdicts
-
-
 def _decide(
-    row: PromptRow,
+    row_id: str,
+    source: str,
     key: bytes,
     word_count: int,
     match: Match | None,
@@ -271,7 +271,7 @@ def _decide(
         return "empty", [], ""
     if word_count < n:
         removed = match is not None and config.drop_short_matches
-        tally.short(row, word_count, removed)
+        tally.short(row_id, source, word_count, removed)
         if removed:
             assert match is not None
             tally.contaminated(match)
@@ -282,7 +282,7 @@ def _decide(
     first = kept_ids.get(key)
     if first is not None:
         return "duplicate", [first], ""
-    kept_ids[key] = row.id
+    kept_ids[key] = row_id
     return None, [], ""
 
 
