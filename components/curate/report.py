@@ -43,7 +43,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         "",
         "## Short prompts",
         "",
-        f"{short['count']} prompts have fewer than {n} words ({short['removed']} of those listed were removed). "
+        f"{short['count']} prompts have fewer than {n} words ({short['removed']} removed as short_match). "
         f"{short['note'].capitalize()}. They are listed in report.json.",
         "",
     ]

@@ -158,29 +158,79 @@ def _prepare_in_worker(task: tuple[Source, Chunk, str, str]) -> PreparedBatch:
 # --------------------------------------------------------------------------- the stage
 
 
-class _Tally:
-    """Counts per source and reason, plus the short-prompt list, for the report."""
+class Decider:
+    """Turns verdicts into decisions, in input order: removal reason per prompt, first occurrence
+    kept among duplicates; keeps the counts and the short-prompt list for the report."""
 
-    def __init__(self, items: Sequence[BenchmarkItem], short_limit: int) -> None:
-        self.per_source: dict[str, Counter[str]] = defaultdict(Counter)
+    def __init__(self, items: Sequence[BenchmarkItem], config: CurateConfig, sources: Sequence[Source]) -> None:
+        self.config = config
+        self.kept_keys: dict[bytes, str] = {}  # dedup key -> id of the kept prompt
+        # Every source appears in the report, even an empty one.
+        self.per_source: dict[str, Counter[str]] = {source.name: Counter() for source in sources}
         self.benchmark_of = {item.id: item.benchmark for item in items}
         self.prompts_per_benchmark: Counter[str] = Counter()
         self.items_hit: dict[str, set[str]] = defaultdict(set)
-        self.short_ids: list[dict[str, Any]] = []
+        self.short_listed: list[dict[str, Any]] = []
         self.short_count = 0
-        self.short_limit = short_limit
+        self.short_removed = 0
 
-    def contaminated(self, match: Match) -> None:
-        hit_benchmarks = {self.benchmark_of.get(item, "?") for item in match.item_ids}
-        for benchmark in hit_benchmarks:
+    def split(self, batch: PreparedBatch) -> tuple[pa.RecordBatch, pa.Table]:
+        """The batch's kept rows, and its removed rows with reason, matched ids and n-gram."""
+        ids = batch.rows.column("id").to_pylist()
+        counts = self.per_source[batch.source]
+        verdicts = batch.verdicts
+        keep = np.zeros(len(ids), dtype=bool)
+        removed_at: list[int] = []
+        removal: dict[str, list[Any]] = {"reason": [], "matched": [], "ngram": []}
+        for i, row_id in enumerate(ids):
+            reason, matched, ngram = self.decide(row_id, batch.source, verdicts.keys[i], verdicts.word_counts[i],
+                                                 verdicts.matches[i])
+            counts[reason or "kept"] += 1
+            if reason is None:
+                keep[i] = True
+            else:
+                removed_at.append(i)
+                removal["reason"].append(reason)
+                removal["matched"].append(matched)
+                removal["ngram"].append(ngram)
+        counts["read"] += len(ids)
+        removed = pa.Table.from_batches([batch.rows.take(pa.array(removed_at, pa.int64()))])
+        for name, values in removal.items():
+            field = REMOVED_SCHEMA.field(name)
+            removed = removed.append_column(field, pa.array(values, field.type))
+        return batch.rows.filter(pa.array(keep)), removed
+
+    def decide(
+        self, row_id: str, source: str, key: bytes, word_count: int, match: Match | None
+    ) -> tuple[str | None, list[str], str]:
+        """The removal reason of one prompt (None = keep), the ids it matched and the shared n-gram."""
+        n = self.config.ngram_size
+        if word_count == 0:
+            return "empty", [], ""
+        if word_count < n:
+            removed = match is not None and self.config.drop_short_matches
+            self.short_count += 1
+            if len(self.short_listed) < self.config.report_short_limit:
+                self.short_listed.append({"id": row_id, "source": source, "words": word_count, "removed": removed})
+            if removed:
+                assert match is not None
+                self.short_removed += 1
+                self._count_match(match)
+                return "short_match", list(match.item_ids), match.ngram
+        elif match is not None:
+            self._count_match(match)
+            return "contaminated", list(match.item_ids), match.ngram
+        first = self.kept_keys.get(key)
+        if first is not None:
+            return "duplicate", [first], ""
+        self.kept_keys[key] = row_id
+        return None, [], ""
+
+    def _count_match(self, match: Match) -> None:
+        for benchmark in {self.benchmark_of.get(item, "?") for item in match.item_ids}:
             self.prompts_per_benchmark[benchmark] += 1
         for item in match.item_ids:
             self.items_hit[self.benchmark_of.get(item, "?")].add(item)
-
-    def short(self, row_id: str, source: str, words_count: int, removed: bool) -> None:
-        self.short_count += 1
-        if len(self.short_ids) < self.short_limit:
-            self.short_ids.append({"id": row_id, "source": source, "words": words_count, "removed": removed})
 
 
 def run(
@@ -194,96 +244,38 @@ def run(
     log.info("benchmark index: %d items, %d distinct %d-grams", len(items), index.ngram_count, index.n)
     sources = [Source.parse(spec) for spec in inputs]
     workers = resolve_workers(config.workers)
-    tally = _Tally(items, config.report_short_limit)
-    for source in sources:  # every source appears in the report, even an empty one
-        tally.per_source[source.name]["read"] += 0
-    kept_ids: dict[bytes, str] = {}
-
+    decider = Decider(items, config, sources)
+    tasks = (
+        (source, chunk, source.fields.get("prompt", config.prompt_field), source.fields.get("id", config.id_field))
+        for source in sources
+        for chunk in iter_chunks(source, config.batch_size)
+    )
     with tempfile.TemporaryDirectory(prefix="klear-curate-") as staging_dir:
         staging = Path(staging_dir)
         kept = ParquetShardWriter(staging / "prompts", "part", PROMPT_SCHEMA, config.rows_per_shard,
                                   dictionary_columns=("source",))
         removed = ParquetShardWriter(staging / "removed", "part", REMOVED_SCHEMA, config.rows_per_shard,
                                      dictionary_columns=("source", "reason"))
-        read = 0
-        last_log = time.monotonic()
-        tasks = (
-            (source, chunk, source.fields.get("prompt", config.prompt_field), source.fields.get("id", config.id_field))
-            for source in sources
-            for chunk in iter_chunks(source, config.batch_size)
-        )
+        read, last_log = 0, time.monotonic()
         # This process only moves bytes and decides duplicates; workers parse, normalize and match.
         # Batches come back in input order, so "first occurrence kept" holds for any number of workers.
         for batch in ordered_map(_prepare_in_worker, tasks, workers, initializer=_set_index, initargs=(index,)):
-            ids = batch.rows.column("id").to_pylist()
-            counts = tally.per_source[batch.source]
-            verdicts = batch.verdicts
-            keep = np.zeros(len(ids), dtype=bool)
-            removed_at: list[int] = []
-            removal: dict[str, list[Any]] = {"reason": [], "matched": [], "ngram": []}
-            for i, row_id in enumerate(ids):
-                reason, matched, ngram = _decide(row_id, batch.source, verdicts.keys[i], verdicts.word_counts[i],
-                                                 verdicts.matches[i], index.n, config, kept_ids, tally)
-                counts[reason or "kept"] += 1
-                if reason is None:
-                    keep[i] = True
-                else:
-                    removed_at.append(i)
-                    removal["reason"].append(reason)
-                    removal["matched"].append(matched)
-                    removal["ngram"].append(ngram)
-            counts["read"] += len(ids)
-            kept.write(batch.rows.filter(pa.array(keep)))
-            if removed_at:
-                dropped = pa.Table.from_batches([batch.rows.take(pa.array(removed_at))])
-                for name, values in removal.items():
-                    dropped = dropped.append_column(REMOVED_SCHEMA.field(name), pa.array(values, REMOVED_SCHEMA.field(name).type))
-                removed.write(dropped)
-            read += len(ids)
+            kept_rows, removed_rows = decider.split(batch)
+            kept.write(kept_rows)
+            removed.write(removed_rows)
+            read += batch.rows.num_rows
             if time.monotonic() - last_log >= config.progress_seconds:
                 last_log = time.monotonic()
                 log.info("%d prompts read, %d kept, %.0f prompts/s", read, kept.rows, read / (last_log - started))
         kept.close()
         removed.close()
-
         elapsed = time.monotonic() - started
-        report = _report(inputs, specs, items, config, tally, read, kept.rows, elapsed, workers)
-        (staging / "report.json").write_text(json.dumps(report, indent=2, sort_keys=False))
+        report = _report(inputs, specs, items, config, decider, read, kept.rows, elapsed, workers)
+        (staging / "report.json").write_text(json.dumps(report, indent=2))
         (staging / "report.md").write_text(render_markdown(report))
         storage.publish_dir(staging, output, meta={"stage": "curate", "kept": kept.rows, "read": read})
     log.info("published %s: %d of %d prompts kept (%.1f s)", output, kept.rows, read, elapsed)
     return report
-
-
-def _decide(
-    row_id: str,
-    source: str,
-    key: bytes,
-    word_count: int,
-    match: Match | None,
-    n: int,
-    config: CurateConfig,
-    kept_ids: dict[bytes, str],
-    tally: _Tally,
-) -> tuple[str | None, list[str], str]:
-    """The removal reason of one prompt (None = keep), the ids it matched and the shared n-gram."""
-    if word_count == 0:
-        return "empty", [], ""
-    if word_count < n:
-        removed = match is not None and config.drop_short_matches
-        tally.short(row_id, source, word_count, removed)
-        if removed:
-            assert match is not None
-            tally.contaminated(match)
-            return "short_match", list(match.item_ids), match.ngram
-    elif match is not None:
-        tally.contaminated(match)
-        return "contaminated", list(match.item_ids), match.ngram
-    first = kept_ids.get(key)
-    if first is not None:
-        return "duplicate", [first], ""
-    kept_ids[key] = row_id
-    return None, [], ""
 
 
 def _report(
@@ -291,14 +283,14 @@ def _report(
     benchmark_specs: Sequence[str],
     items: Sequence[BenchmarkItem],
     config: CurateConfig,
-    tally: _Tally,
+    decider: Decider,
     read: int,
     kept: int,
     elapsed: float,
     workers: int,
 ) -> dict[str, Any]:
     totals = Counter({reason: 0 for reason in REASONS})
-    for counts in tally.per_source.values():
+    for counts in decider.per_source.values():
         totals.update({reason: counts[reason] for reason in REASONS})
     items_per_benchmark = Counter(item.benchmark for item in items)
     return {
@@ -309,22 +301,22 @@ def _report(
         "totals": {"read": read, "kept": kept, "removed": read - kept, **dict(totals)},
         "per_source": {
             source: {"read": c["read"], "kept": c["kept"], **{r: c[r] for r in REASONS}}
-            for source, c in tally.per_source.items()
+            for source, c in decider.per_source.items()
         },
         "per_benchmark": {
             name: {
                 "items": items_per_benchmark[name],
-                "items_matched": len(tally.items_hit.get(name, ())),
-                "prompts_removed": tally.prompts_per_benchmark.get(name, 0),
+                "items_matched": len(decider.items_hit.get(name, ())),
+                "prompts_removed": decider.prompts_per_benchmark.get(name, 0),
             }
             for name in sorted(items_per_benchmark)
         },
         "short_prompts": {
             "note": f"prompts under {config.ngram_size} words cannot share a {config.ngram_size}-gram; "
             "they are removed only if their whole text occurs inside a benchmark item",
-            "count": tally.short_count,
-            "removed": sum(1 for s in tally.short_ids if s["removed"]),
-            "listed": tally.short_ids,
+            "count": decider.short_count,
+            "removed": decider.short_removed,
+            "listed": decider.short_listed,
         },
         "config": config.model_dump(mode="json"),
         "workers": workers,

@@ -1,0 +1,1 @@
+"""Verifiers shared by rl_filter, gppo and evaluate: math answer checking and sandboxed code execution."""

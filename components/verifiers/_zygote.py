@@ -1,0 +1,460 @@
+"""Sandbox zygote: a small, single-threaded Python process that forks one locked-down child per program.
+
+Started by `klear.verifiers.sandbox` as `python3 -I -S _zygote.py` with a clean environment, so it
+imports nothing but the standard library (and the libseccomp binding whose folder the harness passes
+in). Forking a warm interpreter costs a few milliseconds, against ~12 ms for a fresh `python3 -I -S`.
+Being single-threaded is what makes fork safe here; the harness that talks to it may be threaded.
+
+Protocol on stdin/stdout: 4-byte big-endian length + pickle, harness -> zygote and back. Only the
+trusted harness writes pickles to us; what a child sends back (stdout, stderr, result fd) is returned
+as raw bytes and never unpickled.
+
+Each child, in this order: new session, fds 0-3 only, private working directory, rlimits, per-slot
+uid (when root), parent-death signal, no_new_privs, Landlock (filesystem, TCP, signal and
+abstract-socket scoping), seccomp; then it runs the program in-process (no exec at all).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import pickle
+import select
+import shutil
+import signal
+import struct
+import sys
+import tempfile
+import time
+
+# Modules the programs commonly use (LiveCodeBench's helper imports): loaded once here, so children
+# get them from memory and need not read the disk.
+PRELOAD = (
+    "array bisect builtins collections copy datetime decimal fractions functools heapq io itertools json "
+    "math operator random re statistics string sys threading traceback typing"
+).split()
+
+PREAMBLE = (
+    "from string import *\nfrom re import *\nfrom datetime import *\nfrom collections import *\n"
+    "from heapq import *\nfrom bisect import *\nfrom copy import *\nfrom math import *\n"
+    "from random import *\nfrom statistics import *\nfrom itertools import *\nfrom functools import *\n"
+    "from operator import *\nfrom io import *\nfrom sys import *\nfrom json import *\n"
+    "from builtins import *\nfrom typing import *\n"
+    "import string, re, datetime, collections, heapq, bisect, copy, math, random, statistics, itertools\n"
+    "import functools, operator, io, sys, json\n"
+    "sys.setrecursionlimit(50000)\n"
+)
+
+EXIT_MEMORY = 3  # the program raised MemoryError (hit RLIMIT_AS)
+EXIT_SETUP = 4  # the sandbox could not be set up: never run the program then
+HIGH_FD = 100  # where the zygote keeps directory fds that children inherit
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.syscall.restype = ctypes.c_long
+_libc.prctl.restype = ctypes.c_int
+
+PR_SET_PDEATHSIG = 1
+PR_SET_NO_NEW_PRIVS = 38
+PR_SET_CHILD_SUBREAPER = 36
+
+# --- Landlock (uapi/linux/landlock.h); syscall numbers are the same on x86_64 and aarch64 ---------
+SYS_landlock_create_ruleset = 444
+SYS_landlock_add_rule = 445
+SYS_landlock_restrict_self = 446
+LANDLOCK_CREATE_RULESET_VERSION = 1
+LANDLOCK_RULE_PATH_BENEATH = 1
+
+FS_EXECUTE, FS_WRITE_FILE, FS_READ_FILE, FS_READ_DIR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
+FS_REMOVE_DIR, FS_REMOVE_FILE, FS_MAKE_CHAR, FS_MAKE_DIR = 1 << 4, 1 << 5, 1 << 6, 1 << 7
+FS_MAKE_REG, FS_MAKE_SOCK, FS_MAKE_FIFO, FS_MAKE_BLOCK = 1 << 8, 1 << 9, 1 << 10, 1 << 11
+FS_MAKE_SYM, FS_REFER, FS_TRUNCATE, FS_IOCTL_DEV = 1 << 12, 1 << 13, 1 << 14, 1 << 15
+NET_BIND_TCP, NET_CONNECT_TCP = 1 << 0, 1 << 1
+SCOPE_ABSTRACT_UNIX_SOCKET, SCOPE_SIGNAL = 1 << 0, 1 << 1
+
+# Filesystem rights each ABI knows; handling all of them means "denied unless a rule grants it".
+_FS_BY_ABI = {1: (1 << 13) - 1, 2: (1 << 14) - 1, 3: (1 << 15) - 1, 4: (1 << 15) - 1, 5: (1 << 16) - 1}
+READ_ONLY = FS_READ_FILE | FS_READ_DIR
+WORKDIR = (
+    FS_WRITE_FILE | FS_READ_FILE | FS_READ_DIR | FS_REMOVE_DIR | FS_REMOVE_FILE | FS_MAKE_DIR
+    | FS_MAKE_REG | FS_MAKE_FIFO | FS_MAKE_SYM | FS_REFER | FS_TRUNCATE
+)
+
+
+class _RulesetAttr(ctypes.Structure):
+    _fields_ = [("handled_access_fs", ctypes.c_uint64), ("handled_access_net", ctypes.c_uint64),
+                ("scoped", ctypes.c_uint64)]
+
+
+class _PathBeneath(ctypes.Structure):
+    _pack_ = 1  # the kernel struct is __attribute__((packed))
+    _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+
+def landlock_abi() -> int:
+    """The kernel's Landlock ABI version, or 0 when Landlock is absent or disabled."""
+    abi = _libc.syscall(SYS_landlock_create_ruleset, None, 0, LANDLOCK_CREATE_RULESET_VERSION)
+    return max(int(abi), 0)
+
+
+def _errcheck(result: int, what: str) -> int:
+    if result < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+    return result
+
+
+def apply_landlock(abi: int, read_fds: list[int], rw_fds: list[tuple[int, int]]) -> None:
+    """Restrict this process: read `read_fds` trees, `rw_fds` with given rights, no TCP, scoped signals."""
+    fs = _FS_BY_ABI.get(abi, (1 << 16) - 1)
+    attr = _RulesetAttr(fs, (NET_BIND_TCP | NET_CONNECT_TCP) if abi >= 4 else 0,
+                        (SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL) if abi >= 6 else 0)
+    size = ctypes.sizeof(_RulesetAttr) if abi >= 6 else 16 if abi >= 4 else 8
+    ruleset = _errcheck(_libc.syscall(SYS_landlock_create_ruleset, ctypes.byref(attr), size, 0),
+                        "landlock_create_ruleset")
+    try:
+        for fd, rights in [(fd, READ_ONLY) for fd in read_fds] + rw_fds:
+            rule = _PathBeneath(rights & fs, fd)
+            _errcheck(_libc.syscall(SYS_landlock_add_rule, ruleset, LANDLOCK_RULE_PATH_BENEATH,
+                                    ctypes.byref(rule), 0), "landlock_add_rule")
+        _errcheck(_libc.syscall(SYS_landlock_restrict_self, ruleset, 0), "landlock_restrict_self")
+    finally:
+        os.close(ruleset)
+
+
+# --- seccomp, through libseccomp --------------------------------------------------------------
+_DENIED = (
+    "fork vfork execve execveat ptrace mount umount2 unshare setns bpf keyctl add_key request_key "
+    "io_uring_setup io_uring_enter io_uring_register process_vm_readv process_vm_writev perf_event_open "
+    "kexec_load kexec_file_load init_module finit_module delete_module pivot_root chroot userfaultfd "
+    "open_by_handle_at name_to_handle_at fsopen fsmount fspick move_mount open_tree mount_setattr "
+    "pidfd_getfd seccomp acct swapon swapoff reboot settimeofday clock_settime adjtimex quotactl "
+    "syslog iopl ioperm vhangup"
+).split()
+CLONE_THREAD = 0x00010000
+
+
+def build_seccomp():
+    """Deny-list filter: processes may start threads but no processes, and open only AF_UNIX sockets."""
+    import pyseccomp as sc
+
+    f = sc.SyscallFilter(sc.ALLOW)
+    for name in _DENIED:
+        try:
+            f.add_rule(sc.ERRNO(errno.EPERM), name)
+        except (OSError, ValueError):
+            pass  # a syscall this kernel/arch does not have cannot be called either
+    # clone without CLONE_THREAD makes a process; with it, a thread (bounded by RLIMIT_NPROC and AS).
+    f.add_rule(sc.ERRNO(errno.EPERM), "clone", sc.Arg(0, sc.MASKED_EQ, CLONE_THREAD, 0))
+    # clone3 passes its flags in memory a filter cannot read: ENOSYS makes libc fall back to clone.
+    f.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")
+    for name in ("socket", "socketpair"):
+        f.add_rule(sc.ERRNO(errno.EAFNOSUPPORT), name, sc.Arg(0, sc.NE, 1))  # 1 = AF_UNIX
+    return f
+
+
+# --- the child ---------------------------------------------------------------------------------
+def _to_jsonable(value):
+    """LiveCodeBench compares functional results after turning tuples into lists."""
+    if isinstance(value, tuple | list):
+        return [_to_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _to_jsonable(v) for k, v in value.items()}
+    return value
+
+
+def _child(job: dict, state: dict, fds: tuple[int, int, int, int], workdir: str) -> None:
+    """Lock this freshly forked process down, then run the program. Never returns."""
+    stdin_fd, out_w, err_w, res_w = fds
+    os.setsid()  # own process group: the zygote kills the whole group
+    for target, fd in ((0, stdin_fd), (1, out_w), (2, err_w), (3, res_w)):
+        os.dup2(fd, target)
+    lib_fds = [fd for fd, _ in state["read_fds"]]
+    os.closerange(4, HIGH_FD)
+    os.closerange(HIGH_FD + len(lib_fds), 1 << 20)
+    os.chdir(workdir)
+    import resource as r
+
+    cpu = int(job["timeout_s"]) + 1
+    mem = job["memory_mb"] << 20
+    for res, value in ((r.RLIMIT_CORE, (0, 0)), (r.RLIMIT_CPU, (cpu, cpu + 1)),
+                       (r.RLIMIT_FSIZE, (job["file_limit"],) * 2), (r.RLIMIT_NOFILE, (job["nofile"],) * 2),
+                       (r.RLIMIT_NPROC, (job["nproc"] + state["nproc_base"],) * 2), (r.RLIMIT_AS, (mem, mem))):
+        r.setrlimit(res, value)
+    uid = state["uid"]
+    if uid is not None:
+        os.setgroups([])
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)
+    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # after setuid, which clears it
+    if os.getppid() != state["zygote_pid"]:
+        os._exit(EXIT_SETUP)
+    _errcheck(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(NO_NEW_PRIVS)")
+    if state["landlock_abi"]:
+        wd = os.open(workdir, os.O_PATH | os.O_DIRECTORY)
+        dev = [(os.open(p, os.O_PATH), rights) for p, rights in
+               (("/dev/null", FS_READ_FILE | FS_WRITE_FILE), ("/dev/zero", FS_READ_FILE),
+                ("/dev/urandom", FS_READ_FILE)) if os.path.exists(p)]
+        apply_landlock(state["landlock_abi"], lib_fds, [(wd, WORKDIR)] + dev)
+        for fd, _ in dev:
+            os.close(fd)
+        os.close(wd)
+    if state["seccomp"] is not None:
+        state["seccomp"].load()
+    _run_program(job, state, workdir)
+
+
+def _run_program(job: dict, state: dict, workdir: str) -> None:
+    import builtins
+    import threading
+
+    os.environ.clear()
+    os.environ.update({"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": workdir, "TMPDIR": workdir})
+    # Reach the stdlib through the inherited directory fds: a per-slot uid may not be able to walk the
+    # path to it (e.g. under a 0700 /root), but an open fd needs no search permission.
+    sys.path[:] = [f"/proc/self/fd/{fd}" if state["uid"] is not None else path
+                   for fd, path in state["read_fds"] if path in state["stdlib_paths"]]
+    sys.stdin = open(0, encoding="utf-8", errors="replace", closefd=False)
+    sys.stdout = open(1, "w", encoding="utf-8", closefd=False)
+    sys.stderr = open(2, "w", encoding="utf-8", closefd=False)
+    code = 0
+    try:
+        namespace = {"__name__": "__main__", "__builtins__": builtins}
+        exec(PREAMBLE, namespace)
+        exec(compile(job["code"], "<solution>", "exec"), namespace)
+        if job["fn_name"] is not None:
+            args = [__import__("json").loads(line) for line in job["args"].split("\n") if line.strip()]
+            result = getattr(namespace["Solution"](), job["fn_name"])(*args)
+            payload = __import__("json").dumps(_to_jsonable(result)).encode()
+            os.write(3, payload)
+        for thread in threading.enumerate():  # like interpreter exit: wait for non-daemon threads
+            if thread is not threading.main_thread() and not thread.daemon:
+                thread.join()
+    except SystemExit as exc:
+        code = 0 if exc.code in (None, 0) else 1
+    except MemoryError:
+        code = EXIT_MEMORY
+    except BaseException:  # noqa: BLE001 - any exception of the program is a runtime error
+        try:
+            __import__("traceback").print_exc()
+        except BaseException:  # noqa: BLE001
+            pass
+        code = 1
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except MemoryError:
+        code = EXIT_MEMORY
+    except BaseException:  # noqa: BLE001
+        code = code or 1
+    os._exit(code)
+
+
+# --- the zygote side ---------------------------------------------------------------------------
+def _children() -> list[int]:
+    pid = os.getpid()
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as fh:
+            return [int(p) for p in fh.read().split()]
+    except OSError:
+        return []
+
+
+def _sweep() -> None:
+    """Kill and reap every process left under us (we are a subreaper, so orphans come back to us)."""
+    for _ in range(100):
+        kids = _children()
+        for kid in kids:
+            try:
+                os.kill(kid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        while True:
+            try:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                break
+        if not kids:
+            return
+        time.sleep(0.001)
+
+
+def run_job(job: dict, state: dict) -> dict:
+    workdir = tempfile.mkdtemp(prefix="job-", dir=state["workdir_root"])
+    if state["uid"] is not None:
+        os.chown(workdir, state["uid"], state["uid"])
+    stdin_fd = os.memfd_create("stdin", os.MFD_CLOEXEC)
+    data = job["stdin"]
+    view = memoryview(data)
+    while view:
+        view = view[os.write(stdin_fd, view):]
+    os.lseek(stdin_fd, 0, os.SEEK_SET)
+    out_r, out_w = os.pipe2(os.O_CLOEXEC)
+    err_r, err_w = os.pipe2(os.O_CLOEXEC)
+    res_r, res_w = os.pipe2(os.O_CLOEXEC)
+    start = time.monotonic()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            _child(job, state, (stdin_fd, out_w, err_w, res_w), workdir)
+        except BaseException as exc:  # noqa: BLE001 - report the setup failure, never run unconfined
+            try:
+                os.write(2, f"sandbox setup failed: {exc!r}\n".encode())
+            finally:
+                os._exit(EXIT_SETUP)
+        os._exit(EXIT_SETUP)
+    for fd in (stdin_fd, out_w, err_w, res_w):
+        os.close(fd)
+    pidfd = os.pidfd_open(pid)
+    deadline = start + job["timeout_s"]
+    limit = job["output_limit"]
+    bufs = {out_r: bytearray(), err_r: bytearray(), res_r: bytearray()}
+    caps = {out_r: limit, err_r: 16384, res_r: limit}
+    poller = select.poll()
+    for fd in (out_r, err_r, res_r, pidfd):
+        poller.register(fd, select.POLLIN)
+    open_fds = {out_r, err_r, res_r}
+    timed_out = output_exceeded = exited = False
+    while open_fds or not exited:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            timed_out = not exited
+            break
+        for fd, _ in poller.poll(max(1, int(left * 1000))):
+            if fd == pidfd:
+                exited = True
+                poller.unregister(pidfd)
+                continue
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                poller.unregister(fd)
+                open_fds.discard(fd)
+                continue
+            room = caps[fd] - len(bufs[fd])
+            bufs[fd] += chunk[:max(room, 0)]
+            if len(chunk) > room and fd != err_r:  # stderr is only kept for messages: drop the rest
+                output_exceeded = True
+        if output_exceeded:
+            break
+        if exited:
+            # The program is gone; its pipes reach EOF at once unless a stray process still holds them.
+            deadline = min(deadline, time.monotonic() + 0.2)
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    _, status, usage = os.wait4(pid, 0)
+    wall = time.monotonic() - start
+    _sweep()
+    for fd in (out_r, err_r, res_r, pidfd):
+        os.close(fd)
+    if not state["keep_workdir"]:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return {
+        "exit_code": os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
+        "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
+        "timed_out": timed_out,
+        "output_exceeded": output_exceeded,
+        "wall_s": wall,
+        "cpu_s": usage.ru_utime + usage.ru_stime,
+        "maxrss_kb": usage.ru_maxrss,
+        "stdout": bytes(bufs[out_r]),
+        "stderr": bytes(bufs[err_r]),
+        "result": bytes(bufs[res_r]),
+        "workdir": workdir,
+    }
+
+
+def _read_message(stream):
+    header = stream.read(4)
+    if len(header) < 4:
+        return None
+    (size,) = struct.unpack(">I", header)
+    return pickle.loads(stream.read(size))
+
+
+def _write_message(stream, obj) -> None:
+    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    stream.write(struct.pack(">I", len(data)) + data)
+    stream.flush()
+
+
+def _setup(config: dict) -> dict:
+    """Check the kernel, open the read-only trees as inheritable fds, build the seccomp filter."""
+    abi = landlock_abi()
+    problems = []
+    if abi < config["min_landlock_abi"]:
+        problems.append(f"Landlock ABI {abi} < {config['min_landlock_abi']} (need TCP rules and signal scoping)")
+    seccomp = None
+    if config["seccomp_dir"]:
+        sys.path.insert(0, config["seccomp_dir"])
+        try:
+            seccomp = build_seccomp()
+        except Exception as exc:  # noqa: BLE001 - reported to the harness, which decides
+            problems.append(f"seccomp unavailable: {exc!r}")
+        finally:
+            sys.path.pop(0)
+    else:
+        problems.append("seccomp binding (pyseccomp) not found")
+    if problems and not config["allow_unconfined"]:
+        return {"ok": False, "error": "; ".join(problems)}
+    read_fds = []
+    for i, path in enumerate(p for p in config["read_paths"] if os.path.exists(p)):
+        fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+        high = HIGH_FD + i
+        os.dup2(fd, high, inheritable=True)
+        os.close(fd)
+        read_fds.append((high, path))
+    uid = config["uid"]
+    nproc_base = 0
+    if uid is None:
+        # Without a uid of its own the child shares RLIMIT_NPROC's count with every process of ours.
+        me = os.getuid()
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    if os.stat(f"/proc/{entry}").st_uid == me:
+                        nproc_base += len(os.listdir(f"/proc/{entry}/task"))
+                except OSError:
+                    pass
+    for name in PRELOAD:
+        __import__(name)
+    _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    state = {
+        "landlock_abi": abi if abi >= 1 else 0,
+        "seccomp": seccomp,
+        "read_fds": read_fds,
+        "stdlib_paths": set(config["stdlib_paths"]),
+        "uid": uid,
+        "nproc_base": nproc_base,
+        "zygote_pid": os.getpid(),
+        "workdir_root": config["workdir_root"],
+        "keep_workdir": config["keep_workdir"],
+    }
+    return {"ok": True, "state": state, "landlock_abi": abi, "seccomp": seccomp is not None,
+            "problems": problems}
+
+
+def main() -> None:
+    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    config = _read_message(stdin)
+    reply = _setup(config)
+    state = reply.pop("state", None)
+    _write_message(stdout, reply)
+    if state is None:
+        return
+    while True:
+        job = _read_message(stdin)
+        if job is None:
+            return
+        try:
+            result = run_job(job, state)
+        except Exception as exc:  # noqa: BLE001 - the harness turns this into sandbox_error
+            result = {"error": repr(exc)}
+        _write_message(stdout, result)
+
+
+if __name__ == "__main__":
+    main()

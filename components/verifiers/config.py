@@ -1,0 +1,37 @@
+"""Verifier settings shared by rl_filter, gppo and evaluate: the same numbers judge training and evaluation."""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+import pydantic
+
+from klear.common.config import StageConfig
+
+__all__ = ["VerifierConfig"]
+
+
+class VerifierConfig(StageConfig):
+    preset_package: ClassVar[str] = "klear.verifiers"
+
+    # --- math ---
+    think_end: str = "</think>"  # judge only what follows the last one; "" judges the whole response
+    require_think_end: bool = True  # without it (cut at max tokens) the response is wrong
+    require_box: bool = True  # no \boxed{} -> wrong (else fall back to math-verify's last number)
+    math_workers: int = pydantic.Field(0, ge=0)  # 0 = one per core
+    math_timeout_s: int = pydantic.Field(3, ge=1)  # math-verify's own SIGALRM timeouts, whole seconds
+    math_item_timeout_s: float = pydantic.Field(10.0, gt=0)  # outer wall-clock kill of a worker
+
+    # --- code ---
+    code_mode: Literal["all", "first-failure"] = "all"
+    max_tests: int | None = pydantic.Field(None, ge=1)  # larger test sets: a subset seeded by problem id
+    timeout_s: float = pydantic.Field(6.0, gt=0)  # per test, wall clock
+    memory_mb: int = pydantic.Field(2048, ge=64)  # RLIMIT_AS of a program
+    output_limit_bytes: int = pydantic.Field(32 << 20, ge=1024)
+    file_limit_bytes: int = pydantic.Field(16 << 20, ge=0)  # RLIMIT_FSIZE: largest file a program may write
+    nproc: int = pydantic.Field(32, ge=1)  # threads per program (processes are refused by seccomp)
+    nofile: int = pydantic.Field(64, ge=8)
+    code_workers: int = pydantic.Field(0, ge=0)  # 0 = one per core
+    slot_uid_base: int | None = pydantic.Field(61000, ge=1000)  # when root: slot i runs as uid base + i
+    # Development machines only: run with whatever of Landlock/seccomp the kernel offers, loudly logged.
+    allow_unconfined: bool = False
