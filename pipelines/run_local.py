@@ -9,19 +9,25 @@ cluster runs, with kfp.local's SubprocessRunner in this Python environment.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from klear.common import storage
 from pipelines.compile import COMPILED
 
 
 def run_compiled(name: str, workdir: Path, arguments: dict[str, Any], compiled_dir: Path = COMPILED) -> Any:
     from kfp import components, local
 
+    # Expected under kfp.local: cluster-only settings are ignored and stage images are not pulled.
+    warnings.filterwarnings("ignore", message=".*have no effect in the current local runner.*")
+    warnings.filterwarnings("ignore", message=".*custom or non-Python base image.*")
     path = compiled_dir / f"{name}.yaml"
     if not path.exists():
         raise FileNotFoundError(f"{path} not found: compile the pipelines first (make pipeline)")
@@ -47,6 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     output = task.outputs if not hasattr(task, "output") else {"output": task.output}
     for name, artifact in output.items():
         location = artifact.metadata.get("uri", artifact.uri)
+        with contextlib.suppress(FileNotFoundError):
+            print("\n" + storage.read_bytes(storage.Uri.parse(location).join("report.md")).decode())
         print(f"{name}: {location}")
         print(json.dumps({k: v for k, v in artifact.metadata.items() if k != "uri"}))
     return 0
