@@ -7,8 +7,8 @@ mixed with other words (so many n-gram windows survive the vocabulary filter), w
 them embedding a real AIME/HMMT problem and 2% exact duplicates. Prints prompts/s of
 `klear curate` (paper preset: all cores, reading JSONL and publishing Parquet) and of the
 baseline (per prompt: json.loads, the same normalization, a Python set of 9-gram tuples
-intersected with the benchmark set, dedup on the normalized text), their ratio, peak memory of
-the curate process tree, and the time 1.5 million prompts would take at the measured rate.
+intersected with the benchmark set, dedup on the normalized text), their ratio, peak memory (PSS)
+of the curate process tree, and the time 1.5 million prompts would take at the measured rate.
 """
 
 from __future__ import annotations
@@ -73,14 +73,15 @@ def baseline(path: Path, limit: int, n: int = 9) -> tuple[float, int]:
     return time.perf_counter() - started, contaminated
 
 
-def _tree_rss(pid: int) -> int:
-    """Resident memory of a process and all its descendants, in bytes."""
+def _tree_pss(pid: int) -> int:
+    """Proportional set size of a process and all its descendants, in bytes: pages shared by the
+    forked workers count once in total, not once per process as with RSS."""
     total, stack = 0, [pid]
     while stack:
         current = stack.pop()
         try:
-            with open(f"/proc/{current}/statm") as fh:
-                total += int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+            with open(f"/proc/{current}/smaps_rollup") as fh:
+                total += next(int(line.split()[1]) * 1024 for line in fh if line.startswith("Pss:"))
             with open(f"/proc/{current}/task/{current}/children") as fh:
                 stack.extend(int(c) for c in fh.read().split())
         except (FileNotFoundError, ProcessLookupError):
@@ -98,7 +99,7 @@ def run_curate(path: Path, output: Path) -> tuple[float, int, dict]:
     def sample() -> None:
         nonlocal peak
         while process.poll() is None:
-            peak = max(peak, _tree_rss(process.pid))
+            peak = max(peak, _tree_pss(process.pid))
             time.sleep(0.1)
 
     sampler = threading.Thread(target=sample, daemon=True)
@@ -133,7 +134,7 @@ def main() -> None:
               f"duplicate {totals['duplicate']}")
         print(f"baseline : {base_n} prompts in {base_elapsed:.1f} s = {theirs:,.0f} prompts/s (1 process, no output)")
         print(f"ratio    : {ours / theirs:.1f}x the baseline (target >= 5x)")
-        print(f"memory   : peak RSS of the curate process tree {peak / 2**20:,.0f} MiB")
+        print(f"memory   : peak PSS of the curate process tree {peak / 2**20:,.0f} MiB (all processes together)")
         print(f"1.5M     : {1.5e6 / ours:.0f} s at this rate (target < 60 s)")
 
 

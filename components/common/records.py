@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 
 from klear.common import storage
 
-__all__ = ["Chunk", "Located", "ParquetShardWriter", "RecordError", "Source", "iter_chunks", "iter_records", "parse_chunk", "read_records"]
+__all__ = ["Chunk", "Located", "ParquetShardWriter", "RecordError", "Source", "iter_chunks", "iter_records", "parse_chunk", "read_records", "write_records"]
 
 _JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 _PARQUET_SUFFIXES = (".parquet",)
@@ -179,6 +179,23 @@ def iter_records(source: Source) -> Iterator[Located]:
 def read_records(uri: str) -> list[dict[str, Any]]:
     """All records of a (small) source, as dicts."""
     return [located.record for located in iter_records(Source.parse(uri))]
+
+
+def write_records(records: Iterable[dict[str, Any]], path: Path) -> Path:
+    """Write records to a local file or folder in the format its name says: `.jsonl`, `.parquet`,
+    or (any other name) a `datasets.save_to_disk` folder. Publish the parent folder afterwards."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.name.endswith(_JSONL_SUFFIXES):
+        with open(path, "wb") as fh:
+            for record in records:
+                fh.write(orjson.dumps(record) + b"\n")
+    elif path.name.endswith(_PARQUET_SUFFIXES):
+        pq.write_table(pa.Table.from_pylist(list(records)), path, compression="zstd")
+    else:
+        import datasets
+
+        datasets.Dataset.from_list(list(records)).save_to_disk(str(path))
+    return path
 
 
 class ParquetShardWriter:

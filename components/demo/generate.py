@@ -27,7 +27,7 @@ from typing import Any
 
 from klear import benchmarks
 from klear.common import storage
-from klear.common.records import read_records
+from klear.common.records import read_records, write_records
 
 NAMES = ("Ava", "Ben", "Chloe", "Dmitri", "Elena", "Farid", "Grace", "Hiro", "Ines", "Jonas", "Kemi", "Luca")
 THINGS = ("apples", "marbles", "stickers", "books", "coins", "pencils", "shells", "cards", "stamps", "buttons")
@@ -247,12 +247,9 @@ def generate(output: str, math_count: int = 200, code_count: int = 16, seed: int
     extra = planted(math, rng)
     with tempfile.TemporaryDirectory(prefix="klear-demo-") as tmp:
         root = Path(tmp)
-        with open(root / "math.jsonl", "w") as fh:
-            for row in math + extra:
-                fh.write(json.dumps({k: v for k, v in row.items() if k not in ("expect", "of")}) + "\n")
-        with open(root / "code.jsonl", "w") as fh:
-            for row in code:
-                fh.write(json.dumps(row) + "\n")
+        write_records(({k: v for k, v in row.items() if k not in ("expect", "of")} for row in math + extra),
+                      root / "math.jsonl")
+        write_records(code, root / "code.jsonl")
         summary = {
             "math": len(math) + len(extra),
             "code": len(code),
