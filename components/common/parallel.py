@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import math
 import multiprocessing
 import os
 from collections.abc import Callable, Iterable, Iterator
@@ -12,14 +13,30 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 
+def cgroup_cpu_limit(cpu_max: str = "/sys/fs/cgroup/cpu.max") -> float | None:
+    """The CPU limit of this container (cgroup v2 quota / period), or None when unlimited or unknown.
+
+    In a Kubernetes pod the affinity mask lists every core of the node; the pod's CPU limit is here.
+    """
+    try:
+        quota, period = open(cpu_max).read().split()[:2]
+    except (OSError, ValueError):
+        return None
+    return None if quota == "max" else int(quota) / int(period)
+
+
 def resolve_workers(requested: int) -> int:
-    """0 means one worker per core available to this process."""
+    """0 means one worker per core available to this process (affinity mask and container CPU limit)."""
     if requested > 0:
         return requested
     try:
-        return max(1, len(os.sched_getaffinity(0)))
+        cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
-        return max(1, os.cpu_count() or 1)
+        cores = os.cpu_count() or 1
+    limit = cgroup_cpu_limit()
+    if limit is not None:
+        cores = min(cores, math.ceil(limit))
+    return max(1, cores)
 
 
 def ordered_map(

@@ -1,0 +1,28 @@
+import os
+from pathlib import Path
+
+from klear.common.parallel import cgroup_cpu_limit, ordered_map, resolve_workers
+
+
+def _square_after_pid(x: int) -> tuple[int, int]:
+    return x * x, os.getpid()
+
+
+def test_ordered_map_keeps_order_across_processes() -> None:
+    results = list(ordered_map(_square_after_pid, range(200), workers=2))
+    assert [r[0] for r in results] == [x * x for x in range(200)]
+    assert len({r[1] for r in results} - {os.getpid()}) >= 1  # really ran in worker processes
+
+
+def test_ordered_map_single_worker_runs_inline() -> None:
+    assert {pid for _, pid in ordered_map(_square_after_pid, range(5), workers=1)} == {os.getpid()}
+
+
+def test_cgroup_limit_parsing(tmp_path: Path) -> None:
+    limited, unlimited = tmp_path / "limited", tmp_path / "unlimited"
+    limited.write_text("150000 100000\n")
+    unlimited.write_text("max 100000\n")
+    assert cgroup_cpu_limit(str(limited)) == 1.5
+    assert cgroup_cpu_limit(str(unlimited)) is None
+    assert cgroup_cpu_limit(str(tmp_path / "absent")) is None
+    assert resolve_workers(3) == 3 and resolve_workers(0) >= 1
