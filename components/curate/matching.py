@@ -129,7 +129,7 @@ class NgramIndex:
     def _ids_of(self, flat_words: pa.Array | list[str]) -> np.ndarray:
         positions = pc.index_in(pa.array(flat_words, type=pa.large_string()), value_set=self._vocab)
         # Unknown words (null) become 0, benchmark words 1..V.
-        return pc.fill_null(positions, -1).to_numpy().astype(np.int64).astype(np.uint64) + np.uint64(1)
+        return (pc.fill_null(positions, -1).to_numpy() + 1).astype(np.uint64)
 
     def _hash_windows(self, ids: np.ndarray, starts: np.ndarray) -> np.ndarray:
         """Hashes of the windows of n consecutive ids beginning at `starts`."""
@@ -138,15 +138,19 @@ class NgramIndex:
             acc += ids[starts + k] * _MULTIPLIERS[k]
         return acc
 
-    def _valid_starts(self, ids: np.ndarray) -> np.ndarray:
-        """Starts of the windows whose n words are all benchmark words (id > 0)."""
+    def _valid_starts(self, ids: np.ndarray, prompt_starts: np.ndarray | None = None) -> np.ndarray:
+        """Starts of the windows whose n words are all benchmark words (id > 0) of one prompt."""
         count = len(ids) - self.n + 1
         if count <= 0:
             return np.zeros(0, dtype=np.int64)
         known = ids != 0
+        # A window may begin at a prompt's first word, but no later word of it may be one.
+        continues = known.copy()
+        if prompt_starts is not None:
+            continues[prompt_starts[prompt_starts < len(ids)]] = False  # empty trailing prompts start at the end
         ok = known[:count].copy()
         for k in range(1, self.n):
-            ok &= known[k : k + count]
+            ok &= continues[k : k + count]
         return np.flatnonzero(ok)
 
     def match_batch(self, word_lists: pa.ListArray) -> list[Match | None]:
@@ -158,10 +162,8 @@ class NgramIndex:
         flat = pc.list_flatten(word_lists)
         offsets = word_lists.offsets.to_numpy()
         offsets = offsets - offsets[0]
-        # A 0 (unknown word) between prompts: then no valid window crosses a prompt boundary, and
-        # prompt p's words sit at positions offsets[p] + p onwards.
-        ids = np.insert(self._ids_of(flat), offsets[1:-1], np.uint64(0))
-        starts = self._valid_starts(ids)
+        ids = self._ids_of(flat)
+        starts = self._valid_starts(ids, offsets[1:-1])
         if len(starts) == 0:
             return results
         hashes = self._hash_windows(ids, starts)
@@ -169,11 +171,9 @@ class NgramIndex:
         hits = starts[self._hashes[slot] == hashes]
         if len(hits) == 0:
             return results
-        shifted_starts = offsets[:-1] + np.arange(len(offsets) - 1)
-        prompts = np.searchsorted(shifted_starts, hits, side="right") - 1
+        prompts = np.searchsorted(offsets, hits, side="right") - 1
         for start, prompt in zip(hits.tolist(), prompts.tolist()):
-            word_start = start - prompt
-            gram = tuple(flat.slice(word_start, n).to_pylist())
+            gram = tuple(flat.slice(start, n).to_pylist())
             owners = self._ngrams.get(gram)  # confirms the hash hit on the words themselves
             if owners is None:
                 continue

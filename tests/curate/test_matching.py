@@ -126,3 +126,10 @@ def test_ngram_size_is_configurable(items: list[BenchmarkItem]) -> None:
     text = " ".join(words(items[0].text)[:12])
     assert index13.match_batch(normalize_batch([text])) == [None]
     assert NgramIndex(items[:3], n=5).match_batch(normalize_batch([text]))[0] is not None
+
+
+def test_empty_prompts_anywhere_in_a_batch(index: NgramIndex, items: list[BenchmarkItem]) -> None:
+    batch = ["", items[0].text, "", "!!!", items[1].text, "", ""]
+    matches = index.match_batch(normalize_batch(batch))
+    assert [m is not None for m in matches] == [False, True, False, False, True, False, False]
+    assert items[0].id in matches[1].item_ids and items[1].id in matches[4].item_ids
