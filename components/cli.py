@@ -14,6 +14,7 @@ import sys
 SUBCOMMANDS = (
     "klear.demo.generate",
     "klear.curate.stage",
+    "klear.verifiers.cli",
 )
 
 

@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import gc
 import os
 import pickle
+import resource
 import select
 import shutil
 import signal
@@ -135,7 +137,7 @@ CLONE_THREAD = 0x00010000
 
 
 def build_seccomp():
-    """Deny-list filter: processes may start threads but no processes, and open only AF_UNIX sockets."""
+    """Deny-list filter: threads but no processes, no exec, only AF_UNIX socket pairs, no kernel-facing calls."""
     import pyseccomp as sc
 
     f = sc.SyscallFilter(sc.ALLOW)
@@ -148,8 +150,10 @@ def build_seccomp():
     f.add_rule(sc.ERRNO(errno.EPERM), "clone", sc.Arg(0, sc.MASKED_EQ, CLONE_THREAD, 0))
     # clone3 passes its flags in memory a filter cannot read: ENOSYS makes libc fall back to clone.
     f.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")
-    for name in ("socket", "socketpair"):
-        f.add_rule(sc.ERRNO(errno.EAFNOSUPPORT), name, sc.Arg(0, sc.NE, 1))  # 1 = AF_UNIX
+    # Only unnamed AF_UNIX pairs (asyncio's self-pipe, threads talking): socket() itself is refused, since
+    # connecting to a pathname UNIX socket (a runtime's control socket) is not something Landlock mediates.
+    f.add_rule(sc.ERRNO(errno.EAFNOSUPPORT), "socket")
+    f.add_rule(sc.ERRNO(errno.EAFNOSUPPORT), "socketpair", sc.Arg(0, sc.NE, 1))  # 1 = AF_UNIX
     return f
 
 
@@ -173,8 +177,7 @@ def _child(job: dict, state: dict, fds: tuple[int, int, int, int], workdir: str)
     os.closerange(4, HIGH_FD)
     os.closerange(HIGH_FD + len(lib_fds), 1 << 20)
     os.chdir(workdir)
-    import resource as r
-
+    r = resource
     cpu = int(job["timeout_s"]) + 1
     mem = job["memory_mb"] << 20
     for res, value in ((r.RLIMIT_CORE, (0, 0)), (r.RLIMIT_CPU, (cpu, cpu + 1)),
@@ -189,9 +192,10 @@ def _child(job: dict, state: dict, fds: tuple[int, int, int, int], workdir: str)
     _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # after setuid, which clears it
     if os.getppid() != state["zygote_pid"]:
         os._exit(EXIT_SETUP)
+    signal.signal(signal.SIGXFSZ, signal.SIG_DFL)  # Python ignores it; a file past RLIMIT_FSIZE now kills
     _errcheck(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(NO_NEW_PRIVS)")
     if state["landlock_abi"]:
-        wd = os.open(workdir, os.O_PATH | os.O_DIRECTORY)
+        wd = os.open(".", os.O_PATH | os.O_DIRECTORY)  # the path above it may be closed to this uid
         dev = [(os.open(p, os.O_PATH), rights) for p, rights in
                (("/dev/null", FS_READ_FILE | FS_WRITE_FILE), ("/dev/zero", FS_READ_FILE),
                 ("/dev/urandom", FS_READ_FILE)) if os.path.exists(p)]
@@ -210,17 +214,17 @@ def _run_program(job: dict, state: dict, workdir: str) -> None:
 
     os.environ.clear()
     os.environ.update({"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": workdir, "TMPDIR": workdir})
-    # Reach the stdlib through the inherited directory fds: a per-slot uid may not be able to walk the
-    # path to it (e.g. under a 0700 /root), but an open fd needs no search permission.
-    sys.path[:] = [f"/proc/self/fd/{fd}" if state["uid"] is not None else path
-                   for fd, path in state["read_fds"] if path in state["stdlib_paths"]]
-    sys.stdin = open(0, encoding="utf-8", errors="replace", closefd=False)
-    sys.stdout = open(1, "w", encoding="utf-8", closefd=False)
-    sys.stderr = open(2, "w", encoding="utf-8", closefd=False)
+    sys.stdin = sys.__stdin__ = open(0, encoding="utf-8", errors="replace", closefd=False)
+    sys.stdout = sys.__stdout__ = open(1, "w", encoding="utf-8", closefd=False)
+    sys.stderr = sys.__stderr__ = open(2, "w", encoding="utf-8", closefd=False)
     code = 0
     try:
-        namespace = {"__name__": "__main__", "__builtins__": builtins}
-        exec(PREAMBLE, namespace)
+        # The helper imports were executed once in the zygote; this child has its own (copy-on-write)
+        # copy of that namespace, so it is used as is (copying would touch every object's refcount).
+        namespace = state["preamble_ns"]
+        namespace.update(__name__="__main__", __builtins__=builtins, stdin=sys.stdin, stdout=sys.stdout,
+                         stderr=sys.stderr)
+        sys.setrecursionlimit(50000)
         exec(compile(job["code"], "<solution>", "exec"), namespace)
         if job["fn_name"] is not None:
             args = [__import__("json").loads(line) for line in job["args"].split("\n") if line.strip()]
@@ -421,7 +425,16 @@ def _setup(config: dict) -> dict:
                     pass
     for name in PRELOAD:
         __import__(name)
+    if uid is not None:
+        _import_through_fds(read_fds, set(config["stdlib_paths"]))
+    preamble_ns: dict = {}
+    exec(PREAMBLE.replace("sys.setrecursionlimit(50000)\n", ""), preamble_ns)
+    preamble_ns.pop("__builtins__", None)
     _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    # Children share the zygote's pages copy-on-write; a garbage collection walking every object would
+    # copy them all. Frozen objects are never walked.
+    gc.collect()
+    gc.freeze()
     state = {
         "landlock_abi": abi if abi >= 1 else 0,
         "seccomp": seccomp,
@@ -432,9 +445,33 @@ def _setup(config: dict) -> dict:
         "zygote_pid": os.getpid(),
         "workdir_root": config["workdir_root"],
         "keep_workdir": config["keep_workdir"],
+        "preamble_ns": preamble_ns,
     }
     return {"ok": True, "state": state, "landlock_abi": abi, "seccomp": seccomp is not None,
             "problems": problems}
+
+
+def _import_through_fds(read_fds: list[tuple[int, str]], stdlib: set[str]) -> None:
+    """Point imports at /proc/self/fd/N instead of the stdlib's path.
+
+    A per-slot uid may be unable to walk the path to the stdlib (e.g. under a 0700 /root), but an
+    inherited directory fd needs no search permission. The fd numbers are the same in every child.
+    """
+    mapping = [(path, f"/proc/self/fd/{fd}") for fd, path in read_fds if path in stdlib]
+    mapping.sort(key=lambda m: -len(m[0]))  # lib-dynload before its parent folder
+
+    def remap(path: str) -> str:
+        for old, new in mapping:
+            if path == old or path.startswith(old + "/"):
+                return new + path[len(old):]
+        return path
+
+    sys.path[:] = [remap(p) for p in sys.path if remap(p) != p]
+    for module in list(sys.modules.values()):
+        paths = getattr(module, "__path__", None)
+        if isinstance(paths, list):
+            paths[:] = [remap(p) for p in paths]
+    sys.path_importer_cache.clear()
 
 
 def main() -> None:

@@ -18,7 +18,7 @@ class VerifierConfig(StageConfig):
     think_end: str = "</think>"  # judge only what follows the last one; "" judges the whole response
     require_think_end: bool = True  # without it (cut at max tokens) the response is wrong
     require_box: bool = True  # no \boxed{} -> wrong (else fall back to math-verify's last number)
-    math_workers: int = pydantic.Field(0, ge=0)  # 0 = one per core
+    math_workers: int = pydantic.Field(0, ge=0)  # 0 = one per core of the container's CPU limit
     math_timeout_s: int = pydantic.Field(3, ge=1)  # math-verify's own SIGALRM timeouts, whole seconds
     math_item_timeout_s: float = pydantic.Field(10.0, gt=0)  # outer wall-clock kill of a worker
 
@@ -31,7 +31,7 @@ class VerifierConfig(StageConfig):
     file_limit_bytes: int = pydantic.Field(16 << 20, ge=0)  # RLIMIT_FSIZE: largest file a program may write
     nproc: int = pydantic.Field(32, ge=1)  # threads per program (processes are refused by seccomp)
     nofile: int = pydantic.Field(64, ge=8)
-    code_workers: int = pydantic.Field(0, ge=0)  # 0 = one per core
+    code_workers: int = pydantic.Field(0, ge=0)  # 0 = one per core of the container's CPU limit
     slot_uid_base: int | None = pydantic.Field(61000, ge=1000)  # when root: slot i runs as uid base + i
     # Development machines only: run with whatever of Landlock/seccomp the kernel offers, loudly logged.
     allow_unconfined: bool = False

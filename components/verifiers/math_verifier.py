@@ -17,6 +17,7 @@ from collections import deque
 from dataclasses import asdict, dataclass
 from multiprocessing.connection import Connection, wait
 
+from klear.common.parallel import resolve_workers
 from klear.verifiers.config import VerifierConfig
 
 __all__ = ["Extraction", "MathResult", "MathVerifier", "extract_answer", "find_boxes", "format_ok"]
@@ -186,7 +187,7 @@ class MathResult:
 
 
 class _Worker:
-    """A `python -m klear.verifiers.math_verifier --worker` process.
+    """A `python -m klear.verifiers._math_worker` process.
 
     A plain subprocess rather than multiprocessing: spawn would re-import the caller's __main__, and
     fork is unsafe in a multi-threaded caller (a trainer).
@@ -199,7 +200,7 @@ class _Worker:
 
     def start(self) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "klear.verifiers.math_verifier", "--worker", str(self.timeout)],
+            [sys.executable, "-m", "klear.verifiers._math_worker", str(self.timeout)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True,
         )
         self.conn = Connection(os.dup(self.proc.stdout.fileno()), writable=False)
@@ -229,7 +230,7 @@ class MathVerifier:
 
     def _ensure_workers(self) -> None:
         if not self._workers:
-            n = self.config.math_workers or os.cpu_count() or 1
+            n = resolve_workers(self.config.math_workers)  # 0: the container's CPU limit
             self._workers = [_Worker(self.config.math_timeout_s) for _ in range(n)]
 
     def verify(self, response: str, gold: str) -> MathResult:
@@ -320,7 +321,3 @@ class MathVerifier:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-if __name__ == "__main__" and sys.argv[1:2] == ["--worker"]:
-    _worker_main(int(sys.argv[2]))

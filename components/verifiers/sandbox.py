@@ -25,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from klear.common.parallel import resolve_workers
 from klear.verifiers.config import VerifierConfig
 
 __all__ = ["RunResult", "SandboxPool", "SandboxUnavailable", "kernel_support"]
@@ -82,8 +83,11 @@ def classify(raw: dict) -> str:
         return "sandbox_error"
     if raw["output_exceeded"]:
         return "output_limit"
-    if raw["timed_out"] or raw["signal"] in (signal.SIGXCPU, signal.SIGKILL):
-        return "timeout"  # SIGKILL without our timeout is RLIMIT_CPU's hard limit
+    if raw["timed_out"] or raw["signal"] == signal.SIGXCPU:
+        return "timeout"
+    if raw["signal"] == signal.SIGKILL:
+        # Not ours: RLIMIT_CPU's hard limit (CPU time used up), or else the kernel's OOM killer.
+        return "timeout" if raw["cpu_s"] >= raw.get("cpu_limit_s", 0) else "memory_limit"
     if raw["signal"] == signal.SIGXFSZ:
         return "output_limit"  # a file grew past RLIMIT_FSIZE
     if raw["exit_code"] == EXIT_MEMORY:
@@ -220,7 +224,7 @@ class SandboxPool:
                     "For a development machine only, set allow_unconfined=true.")
             log.error("!!! SANDBOX WEAKENED (allow_unconfined): %s. Never use this for untrusted code "
                       "on a machine that matters. !!!", "; ".join(problems))
-        workers = self.config.code_workers or os.cpu_count() or 1
+        workers = resolve_workers(self.config.code_workers)  # 0: the container's CPU limit
         self._own_root = workdir_root is None
         self.workdir_root = workdir_root or tempfile.mkdtemp(prefix="klear-sandbox-")
         os.chmod(self.workdir_root, 0o711)  # slot uids may enter their own job folders, not list them
@@ -232,6 +236,9 @@ class SandboxPool:
         except (ImportError, OSError):
             seccomp_dir = ""
         use_uid = os.geteuid() == 0 and self.config.slot_uid_base is not None
+        if os.geteuid() == 0 and not use_uid:
+            log.warning("sandbox: running programs as root (slot_uid_base unset): only Landlock and seccomp "
+                        "confine them, and RLIMIT_NPROC does not apply to root")
         self._slots: queue.SimpleQueue[_Slot] = queue.SimpleQueue()
         self._all: list[_Slot] = []
         for i in range(workers):
@@ -276,7 +283,7 @@ class SandboxPool:
         if raw.get("error"):
             return RunResult("sandbox_error", detail=raw["error"])
         return RunResult(
-            classify(raw), raw["stdout"], raw["stderr"], raw["result"], raw["wall_s"], raw["cpu_s"],
+            classify({**raw, "cpu_limit_s": int(job["timeout_s"]) + 1}), raw["stdout"], raw["stderr"], raw["result"], raw["wall_s"], raw["cpu_s"],
             raw["maxrss_kb"], raw["exit_code"], raw["signal"], raw["workdir"],
         )
 

@@ -1,0 +1,105 @@
+"""Verifier throughput: sandboxed runs/s and overhead against bare `python3 -I -S`, math verifications/s.
+
+    .venv/bin/python benchmarks/bench_verifiers.py [--workers 2] [--runs 400] [--math-items 2000]
+
+Targets (issue 3): >= 100 sandboxed runs/s of a trivial program on 2 cores, per-run overhead <= 1.5x
+bare `python3 -I -S` measured in the same run, >= 200 math verifications/s on 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import random
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from klear.verifiers import MathVerifier, SandboxPool, VerifierConfig
+
+TRIVIAL = "print(int(input()) + 1)"
+
+
+def bare_runs(n: int, workers: int) -> tuple[float, float]:
+    """(runs/s with `workers` at once, mean seconds per run one at a time) of a fresh python3 -I -S."""
+    cmd = [sys.executable, "-I", "-S", "-c", TRIVIAL]
+
+    def one(_: int) -> None:
+        subprocess.run(cmd, input=b"1\n", capture_output=True, check=True)
+
+    start = time.perf_counter()
+    for i in range(n // 4):
+        one(i)
+    latency = (time.perf_counter() - start) / (n // 4)
+    start = time.perf_counter()
+    with ThreadPoolExecutor(workers) as ex:
+        list(ex.map(one, range(n)))
+    return n / (time.perf_counter() - start), latency
+
+
+def sandbox_runs(pool: SandboxPool, n: int, workers: int) -> tuple[float, float]:
+    def one(_: int) -> None:
+        result = pool.run(TRIVIAL, b"1\n")
+        assert result.stdout == b"2\n", result
+
+    for i in range(10):  # warm up
+        one(i)
+    start = time.perf_counter()
+    for i in range(n // 4):
+        one(i)
+    latency = (time.perf_counter() - start) / (n // 4)
+    start = time.perf_counter()
+    with ThreadPoolExecutor(workers) as ex:
+        list(ex.map(one, range(n)))
+    return n / (time.perf_counter() - start), latency
+
+
+def math_items(n: int) -> list[tuple[str, str]]:
+    """Mixed answers (integers, fractions, radicals, sets, intervals; right and wrong) after ~2 KB of reasoning."""
+    rng = random.Random(0)
+    pool = [
+        ("73", "73"), ("73", "74"), (r"\frac{1}{2}", "0.5"), (r"\frac{3}{4}", r"\frac{6}{8}"),
+        (r"2\sqrt{3}", r"\sqrt{12}"), (r"2\sqrt{3}", r"3\sqrt{2}"), (r"\{1,2\}", r"\{2,1\}"), ("(1,2]", "[1,2]"),
+        ("x^2+2x+1", "(x+1)^2"), (r"\pi", "3.14"), ("12", r"12\%"), ("1000", "1{,}000"),
+    ]
+    reasoning = "<think>\n" + ("We consider the cases and compute each term carefully. " * 38) + "\n</think>\n"
+    items = []
+    for _ in range(n):
+        gold, pred = rng.choice(pool)
+        items.append((reasoning + f"Therefore the answer is $\\boxed{{{pred}}}$.", gold))
+    return items
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--runs", type=int, default=400)
+    parser.add_argument("--math-items", type=int, default=2000)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+
+    bare_rate, bare_latency = bare_runs(args.runs, args.workers)
+    config = VerifierConfig(code_workers=args.workers, math_workers=args.workers)
+    with SandboxPool(config) as pool:
+        box_rate, box_latency = sandbox_runs(pool, args.runs, args.workers)
+        confinement = pool._all[0].info
+    print(f"sandbox ({args.workers} workers, Landlock ABI {confinement['landlock_abi']}, "
+          f"seccomp {confinement['seccomp']}, per-slot uid {pool.uids[0] is not None})")
+    print(f"  bare python3 -I -S : {bare_rate:7.1f} runs/s  {bare_latency * 1000:6.2f} ms/run")
+    print(f"  sandboxed          : {box_rate:7.1f} runs/s  {box_latency * 1000:6.2f} ms/run   (target >= 100 runs/s)")
+    print(f"  overhead (time per run, sandboxed / bare): {box_latency / bare_latency:.2f}x   (target <= 1.5x)")
+    print(f"  throughput ratio (sandboxed / bare)      : {box_rate / bare_rate:.2f}x")
+
+    items = math_items(args.math_items)
+    with MathVerifier(config) as verifier:
+        verifier.verify_batch(items[:50])  # workers up
+        start = time.perf_counter()
+        results = verifier.verify_batch(items)
+        rate = len(items) / (time.perf_counter() - start)
+    print(f"math ({args.workers} workers, ~{len(items[0][0]) // 1000} KB responses): {rate:7.1f} verifications/s "
+          f"(target >= 200/s); {sum(r.correct for r in results)}/{len(items)} correct")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,216 @@
+"""Code answer checking as LiveCodeBench defines it: stdin/stdout and functional (LeetCode-style) tests.
+
+Pure parts (program extraction, output comparison, test subset choice, verdicts) are plain functions;
+running the programs is the sandbox pool's job.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import random
+import re
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from decimal import Decimal, InvalidOperation
+from typing import Literal
+
+from klear.verifiers.config import VerifierConfig
+from klear.verifiers.sandbox import RunResult, SandboxPool
+
+__all__ = ["CodeResult", "CodeVerifier", "TestCase", "compare_stdout", "extract_program", "select_tests"]
+
+Verdict = Literal["passed", "wrong_answer", "runtime_error", "timeout", "memory_limit", "output_limit",
+                  "sandbox_error", "not_run"]
+
+_FENCE = re.compile(r"```[ \t]*(?:python3?|py)[ \t]*\r?\n(.*?)```", re.DOTALL | re.IGNORECASE)
+
+
+# --- pure functions --------------------------------------------------------------------------------
+def extract_program(response: str, think_end: str = "</think>", require_think_end: bool = True) -> str | None:
+    """The last ```python block after the last `think_end`; None when that is required and absent."""
+    if think_end:
+        if think_end in response:
+            response = response[response.rfind(think_end) + len(think_end) :]
+        elif require_think_end:
+            return None  # cut off while thinking: drafts in the reasoning are not the answer
+    blocks = _FENCE.findall(response)
+    return blocks[-1] if blocks else None
+
+
+def _as_number(token: str) -> Decimal | None:
+    try:
+        value = Decimal(token)
+    except (InvalidOperation, ValueError):
+        return None
+    return value if value.is_finite() else None
+
+
+def _tokens_equal(a: str, b: str, rel_tol: float, abs_tol: float) -> bool:
+    if a == b:
+        return True
+    x, y = _as_number(a), _as_number(b)
+    if x is None or y is None:
+        return False
+    if x == y:  # "1.0" vs "1", "1e2" vs "100": the same number
+        return True
+    return (rel_tol > 0 or abs_tol > 0) and math.isclose(float(x), float(y), rel_tol=rel_tol, abs_tol=abs_tol)
+
+
+def compare_stdout(actual: str, expected: str, rel_tol: float = 0.0, abs_tol: float = 0.0) -> bool:
+    """LiveCodeBench's comparison: line by line after stripping; else token by token, numbers as numbers."""
+    got = [line.strip() for line in actual.strip().split("\n")]
+    want = [line.strip() for line in expected.strip().split("\n")]
+    if len(got) != len(want):
+        return False
+    for g, w in zip(got, want):
+        if g == w:
+            continue
+        gt, wt = g.split(), w.split()
+        if len(gt) != len(wt) or not all(_tokens_equal(a, b, rel_tol, abs_tol) for a, b in zip(gt, wt)):
+            return False
+    return True
+
+
+def compare_functional(result_json: bytes, expected: str) -> bool:
+    """Functional problems: the returned value (tuples made lists) must equal the expected JSON value."""
+    try:
+        got = json.loads(result_json)
+        want = json.loads(expected)
+    except (ValueError, RecursionError):
+        return False
+    if isinstance(want, tuple):
+        want = list(want)
+    return got == want
+
+
+def select_tests(n_tests: int, cap: int | None, problem_id: str) -> list[int]:
+    """Indices of the tests to run: all, or `cap` of them chosen by a generator seeded from the problem id.
+
+    Seeding from the id (not a global RNG) keeps the reward of a problem the same in every step and run.
+    """
+    if cap is None or n_tests <= cap:
+        return list(range(n_tests))
+    seed = int.from_bytes(hashlib.sha256(problem_id.encode()).digest()[:8], "big")
+    return sorted(random.Random(seed).sample(range(n_tests), cap))
+
+
+@dataclass(frozen=True)
+class TestCase:
+    __test__ = False  # not a pytest class, despite the name
+
+    input: str
+    output: str
+    testtype: Literal["stdin", "functional"] = "stdin"
+
+    @classmethod
+    def from_dict(cls, d: dict) -> TestCase:
+        testtype = d.get("testtype", "stdin")
+        if testtype not in ("stdin", "functional"):
+            raise ValueError(f"unknown testtype {testtype!r} (expected stdin or functional)")
+        return cls(str(d["input"]), str(d["output"]), testtype)
+
+
+def verdict_of(run: RunResult, test: TestCase) -> Verdict:
+    """Verdict of one run against its test."""
+    if run.status != "ok":
+        return run.status  # type: ignore[return-value]
+    if test.testtype == "functional":
+        ok = compare_functional(run.result, test.output)
+    else:
+        ok = compare_stdout(run.stdout.decode("utf-8", "replace"), test.output)
+    return "passed" if ok else "wrong_answer"
+
+
+# --- running -----------------------------------------------------------------------------------------
+@dataclass
+class CodeResult:
+    passed: int
+    total: int
+    pass_fraction: float
+    all_passed: bool
+    program_found: bool
+    tests: list[dict] = field(default_factory=list)  # index, verdict, time_s (, stderr tail)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class CodeVerifier:
+    """Judge programs against test cases in the sandbox pool (started on first use, or passed in)."""
+
+    def __init__(self, config: VerifierConfig | None = None, pool: SandboxPool | None = None):
+        self.config = config or VerifierConfig()
+        self._pool = pool
+        self._own_pool = pool is None
+
+    @property
+    def pool(self) -> SandboxPool:
+        if self._pool is None:
+            self._pool = SandboxPool(self.config)
+        return self._pool
+
+    def _run_one(self, program: str, test: TestCase, fn_name: str | None, timeout_s: float | None) -> dict:
+        if test.testtype == "functional":
+            if not fn_name:
+                raise ValueError("functional test without fn_name")
+            run = self.pool.run(program, fn_name=fn_name, args=test.input, timeout_s=timeout_s)
+        else:
+            run = self.pool.run(program, test.input, timeout_s=timeout_s)
+        verdict = verdict_of(run, test)
+        entry = {"verdict": verdict, "time_s": round(run.wall_s, 4)}
+        if verdict in ("runtime_error", "sandbox_error"):
+            entry["stderr"] = (run.stderr[-500:].decode("utf-8", "replace") or run.detail)[-500:]
+        return entry
+
+    def run_tests(self, program: str | None, tests: list[TestCase], fn_name: str | None = None,
+                  mode: Literal["all", "first-failure"] | None = None, problem_id: str = "",
+                  timeout_s: float | None = None) -> CodeResult:
+        """All tests (per-test verdicts, pass fraction) or stop at the first failure (LiveCodeBench)."""
+        mode = mode or self.config.code_mode
+        chosen = select_tests(len(tests), self.config.max_tests, problem_id)
+        if program is None:
+            entries = [{"index": i, "verdict": "not_run", "time_s": 0.0} for i in chosen]
+            return CodeResult(0, len(chosen), 0.0, False, False, entries)
+        entries: list[dict] = []
+        if mode == "first-failure":
+            for n, i in enumerate(chosen):
+                entries.append({"index": i, **self._run_one(program, tests[i], fn_name, timeout_s)})
+                if entries[-1]["verdict"] != "passed":
+                    entries += [{"index": j, "verdict": "not_run", "time_s": 0.0} for j in chosen[n + 1 :]]
+                    break
+        else:
+            with ThreadPoolExecutor(max(1, self.pool.workers)) as ex:
+                runs = list(ex.map(lambda i: self._run_one(program, tests[i], fn_name, timeout_s), chosen))
+            entries = [{"index": i, **e} for i, e in zip(chosen, runs)]
+        passed = sum(e["verdict"] == "passed" for e in entries)
+        total = len(chosen)
+        return CodeResult(passed, total, passed / total if total else 0.0, total > 0 and passed == total, True,
+                          entries)
+
+    def verify_response(self, response: str, tests: list[TestCase], fn_name: str | None = None,
+                        mode: Literal["all", "first-failure"] | None = None, problem_id: str = "") -> CodeResult:
+        program = extract_program(response, self.config.think_end, self.config.require_think_end)
+        return self.run_tests(program, tests, fn_name, mode, problem_id)
+
+    def verify_batch(self, jobs: list[dict]) -> list[CodeResult]:
+        """Many responses at once: dicts with response, tests, fn_name?, problem_id?, mode?."""
+        def one(job: dict) -> CodeResult:
+            tests = [t if isinstance(t, TestCase) else TestCase.from_dict(t) for t in job["tests"]]
+            return self.verify_response(job["response"], tests, job.get("fn_name"), job.get("mode"),
+                                        job.get("problem_id", ""))
+
+        with ThreadPoolExecutor(max(1, self.pool.workers)) as ex:
+            return list(ex.map(one, jobs))
+
+    def close(self) -> None:
+        if self._own_pool and self._pool is not None:
+            self._pool.close()
+            self._pool = None
+
+    def __enter__(self) -> CodeVerifier:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
