@@ -26,6 +26,7 @@ pipeline: install
 
 bench: install
 	$(BIN)/python benchmarks/bench_curate.py
+	$(BIN)/python benchmarks/bench_verifiers.py
 	$(BIN)/python benchmarks/bench_gppo_loss.py
 
 clean:
