@@ -1,7 +1,8 @@
 """The `klear` command: one subcommand per stage and tool.
 
-Each module in SUBCOMMANDS defines `add_parser(subparsers)`, which registers its subcommand
-and sets `func` to a callable taking the parsed arguments and returning an exit code.
+Each module in COMMANDS defines `add_parser(subparsers)`, which registers its subcommands and
+sets `func` to a callable taking the parsed arguments and returning an exit code. Only the module
+of the command being run is imported, so `klear curate` does not pay for torch or vLLM.
 """
 
 from __future__ import annotations
@@ -11,18 +12,21 @@ import importlib
 import logging
 import sys
 
-SUBCOMMANDS = (
-    "klear.demo.generate",
-    "klear.curate.stage",
-    "klear.verifiers.cli",
-)
+COMMANDS = {
+    "demo-data": "klear.demo.generate",
+    "curate": "klear.curate.stage",
+    "verify-math": "klear.verifiers.cli",
+    "verify-code": "klear.verifiers.cli",
+}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="klear", description="Klear-Reasoner post-training pipeline stages.")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in SUBCOMMANDS:
+    command = next((arg for arg in argv or () if not arg.startswith("-")), None)
+    modules = [COMMANDS[command]] if command in COMMANDS else list(dict.fromkeys(COMMANDS.values()))
+    for module in modules:
         importlib.import_module(module).add_parser(subparsers)
     return parser
 
@@ -38,7 +42,8 @@ def add_config_arguments(parser: argparse.ArgumentParser, default_preset: str = 
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(argv).parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
