@@ -14,6 +14,7 @@ import random
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from klear.verifiers import MathVerifier, SandboxPool, VerifierConfig
@@ -21,13 +22,8 @@ from klear.verifiers import MathVerifier, SandboxPool, VerifierConfig
 TRIVIAL = "print(int(input()) + 1)"
 
 
-def bare_runs(n: int, workers: int) -> tuple[float, float]:
-    """(runs/s with `workers` at once, mean seconds per run one at a time) of a fresh python3 -I -S."""
-    cmd = [sys.executable, "-I", "-S", "-c", TRIVIAL]
-
-    def one(_: int) -> None:
-        subprocess.run(cmd, input=b"1\n", capture_output=True, check=True)
-
+def _measure(one: Callable[[int], None], n: int, workers: int) -> tuple[float, float]:
+    """(runs/s with `workers` at once, mean seconds per run one at a time)."""
     start = time.perf_counter()
     for i in range(n // 4):
         one(i)
@@ -36,6 +32,16 @@ def bare_runs(n: int, workers: int) -> tuple[float, float]:
     with ThreadPoolExecutor(workers) as ex:
         list(ex.map(one, range(n)))
     return n / (time.perf_counter() - start), latency
+
+
+def bare_runs(n: int, workers: int) -> tuple[float, float]:
+    """A fresh python3 -I -S per run: the baseline."""
+    cmd = [sys.executable, "-I", "-S", "-c", TRIVIAL]
+
+    def one(_: int) -> None:
+        subprocess.run(cmd, input=b"1\n", capture_output=True, check=True)
+
+    return _measure(one, n, workers)
 
 
 def sandbox_runs(pool: SandboxPool, n: int, workers: int) -> tuple[float, float]:
@@ -45,14 +51,7 @@ def sandbox_runs(pool: SandboxPool, n: int, workers: int) -> tuple[float, float]
 
     for i in range(10):  # warm up
         one(i)
-    start = time.perf_counter()
-    for i in range(n // 4):
-        one(i)
-    latency = (time.perf_counter() - start) / (n // 4)
-    start = time.perf_counter()
-    with ThreadPoolExecutor(workers) as ex:
-        list(ex.map(one, range(n)))
-    return n / (time.perf_counter() - start), latency
+    return _measure(one, n, workers)
 
 
 def math_items(n: int) -> list[tuple[str, str]]:
