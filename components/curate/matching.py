@@ -59,7 +59,8 @@ def words(text: str) -> list[str]:
 
 def normalize_batch(texts: Sequence[str]) -> pa.ListArray:
     """Word lists of many texts at once (a list<string> Arrow array, one entry per text)."""
-    folded = pa.array([_normalize_bytes(t) for t in texts], type=pa.large_binary()).cast(pa.large_string())
+    # The bytes are UTF-8 by construction (ASCII, or encoded from str): view them as text unvalidated.
+    folded = pa.array([_normalize_bytes(t) for t in texts], type=pa.large_binary()).view(pa.large_string())
     # Only single ASCII spaces remain between words and none at the ends, so this split is exact,
     # except that Arrow splits "" into [""]: such (rare) lists are rebuilt empty.
     lists = pc.ascii_split_whitespace(folded)
@@ -127,7 +128,8 @@ class NgramIndex:
         return len(self._ngrams)
 
     def _ids_of(self, flat_words: pa.Array | list[str]) -> np.ndarray:
-        positions = pc.index_in(pa.array(flat_words, type=pa.large_string()), value_set=self._vocab)
+        words_array = flat_words if isinstance(flat_words, pa.Array) else pa.array(flat_words, type=pa.large_string())
+        positions = pc.index_in(words_array, value_set=self._vocab)
         # Unknown words (null) become 0, benchmark words 1..V.
         return (pc.fill_null(positions, -1).to_numpy() + 1).astype(np.uint64)
 

@@ -120,7 +120,7 @@ def analyze_batch(index: NgramIndex, texts: Sequence[str]) -> BatchVerdicts:
     """Dedup keys, word counts and contamination matches for a batch of prompt texts."""
     word_lists = normalize_batch(texts)
     counts = pc.list_value_length(word_lists).to_numpy(zero_copy_only=False).tolist()
-    joined = pc.binary_join(word_lists, pa.scalar(" ", pa.large_string())).cast(pa.large_binary()).to_pylist()
+    joined = pc.binary_join(word_lists, pa.scalar(" ", pa.large_string())).view(pa.large_binary()).to_pylist()
     keys = [dedup_key(text) for text in joined]
     matches = index.match_batch(word_lists)
     for i, count in enumerate(counts):
