@@ -15,6 +15,8 @@ import sys
 COMMANDS = {
     "demo-data": "klear.demo.generate",
     "curate": "klear.curate.stage",
+    "tiny-model": "klear.tiny_model.build",
+    "sft": "klear.sft.stage",
     "verify-math": "klear.verifiers.cli",
     "verify-code": "klear.verifiers.cli",
 }

@@ -20,9 +20,9 @@ def compiled(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_every_pipeline_compiles_and_loads_back(compiled: Path) -> None:
     names = sorted(p.stem for p in compiled.glob("*.yaml"))
-    assert names == ["klear-curate", "klear-reasoner", "klear-reasoner-demo"]
+    assert names == ["klear-curate", "klear-reasoner", "klear-reasoner-demo", "klear-sft"]
     spec = validate(compiled / "klear-reasoner-demo.yaml")
-    assert set(spec.root.dag.tasks) == {"demo-data", "curate"}
+    assert set(spec.root.dag.tasks) == {"demo-data", "curate", "tiny-model", "sft"}
     assert spec.root.dag.tasks["curate"].dependent_tasks == ["demo-data"]
     # Cluster settings survive compilation: the S3 secret reaches the pod as env variables.
     text = (compiled / "klear-reasoner.yaml").read_text()

@@ -1,0 +1,1 @@
+"""Stage 3: long-CoT SFT on TRL + DeepSpeed ZeRO-3."""

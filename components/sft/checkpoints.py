@@ -1,0 +1,177 @@
+"""Training checkpoints on object storage: publish every N steps, resume from the newest complete one.
+
+Layout: `<output>/checkpoints/step-000000120/` holds one Trainer checkpoint (model, optimizer,
+scheduler, RNG states, trainer_state.json with the step and epoch, from which the Trainer finds
+its data-loader position) and a `_MANIFEST.json` written last. A checkpoint without a manifest
+was cut off mid-upload and is ignored.
+
+Uploads run in a background thread from a hard-linked snapshot of the local checkpoint, so the
+Trainer keeps training (and may rotate its local copies) while the upload goes on; only the next
+checkpoint waits for the previous upload. On a single node all ranks write to one local folder,
+so rank 0 uploads everything after a barrier. Multi-node DeepSpeed runs write per-rank optimizer
+shards on each node: put the local checkpoint folder on a shared volume there, or resume from the
+Hugging Face-format weights each checkpoint also holds (see README).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import threading
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback
+
+from klear.common import storage
+
+log = logging.getLogger("klear.sft")
+
+CHECKPOINTS = "checkpoints"
+META_FILE = "klear_checkpoint.json"  # the manifest's meta (step, world size), kept beside a downloaded checkpoint
+TENSORBOARD = "tensorboard"  # the TensorBoard logs so far, so curves continue across restarts
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+
+
+def checkpoint_uri(output: str, step: int) -> storage.Uri:
+    return storage.Uri.parse(output).join(CHECKPOINTS, f"step-{step:09d}")
+
+
+def complete_steps(names: list[str]) -> list[int]:
+    """Steps whose checkpoint folder has a manifest, given the file names under the checkpoints prefix."""
+    steps = []
+    for name in names:
+        folder, _, rest = name.partition("/")
+        match = _STEP_DIR.match(folder)
+        if match and rest == storage.MANIFEST_NAME:
+            steps.append(int(match.group(1)))
+    return sorted(steps)
+
+
+def published_steps(output: str) -> list[int]:
+    """Complete checkpoints under `<output>/checkpoints`, oldest first; [] when the prefix is missing or unreadable."""
+    prefix = storage.Uri.parse(output).join(CHECKPOINTS)
+    try:
+        return complete_steps(storage.list_files(prefix))
+    except (storage.StorageError, OSError) as exc:
+        log.warning("cannot list checkpoints under %s (%s): starting from scratch", prefix, exc)
+        return []
+
+
+def fetch_checkpoint(output: str, step: int, local_root: Path) -> Path | None:
+    """Download checkpoint `step` to `<local_root>/checkpoint-<step>` (where the Trainer expects it); None if unreadable."""
+    target = local_root / f"checkpoint-{step}"
+    shutil.rmtree(target, ignore_errors=True)
+    try:
+        with storage.fetch_published(checkpoint_uri(output, step)) as (local, manifest):
+            shutil.copytree(local, target, ignore=shutil.ignore_patterns(storage.MANIFEST_NAME))
+            (target / META_FILE).write_text(json.dumps(manifest.meta))
+    except (storage.StorageError, OSError) as exc:
+        log.warning("checkpoint step %d at %s is unreadable (%s)", step, checkpoint_uri(output, step), exc)
+        shutil.rmtree(target, ignore_errors=True)
+        return None
+    return target
+
+
+def newest_checkpoint(output: str, local_root: Path) -> Path | None:
+    """The newest complete, readable checkpoint, downloaded; None means: start from scratch."""
+    for step in reversed(published_steps(output)):
+        path = fetch_checkpoint(output, step, local_root)
+        if path is not None:
+            return path
+    return None
+
+
+def world_size_problem(written_by: int | None, now: int, deepspeed: bool) -> tuple[str, str] | None:
+    """("error" | "warning", message) when resuming a checkpoint written by another number of processes."""
+    if written_by is None or written_by == now:
+        return None
+    if deepspeed:
+        return "error", (f"the checkpoint was written by {written_by} processes and this run has {now}: DeepSpeed ZeRO "
+                         "partitions cannot be re-split. Run with the same number of processes, or start a new run "
+                         "from the checkpoint's Hugging Face weights (--model <output>/checkpoints/step-N)")
+    return "warning", (f"the checkpoint was written by {written_by} processes and this run has {now}: optimizer and "
+                       "schedule resume, the data position is recomputed from the optimizer step for the new batch size")
+
+
+def delete_checkpoint(output: str, step: int) -> None:
+    """Manifest first, so a deletion cut short leaves an incomplete checkpoint, never a wrong complete one."""
+    uri = checkpoint_uri(output, step)
+    storage.delete(uri.join(storage.MANIFEST_NAME))
+    for name in storage.list_files(uri):
+        storage.delete(uri.join(name))
+
+
+def _snapshot(source: Path, target: Path) -> None:
+    """Hard links where the filesystem allows (no copy of a multi-GB optimizer state), copies elsewhere."""
+    for path in source.rglob("*"):
+        dest = target / path.relative_to(source)
+        if path.is_dir():
+            dest.mkdir(parents=True, exist_ok=True)
+            continue
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(path, dest)
+        except OSError:
+            shutil.copy2(path, dest)
+
+
+class CheckpointUploader(TrainerCallback):
+    """Publishes each local Trainer checkpoint to `<output>/checkpoints/step-N` in the background."""
+
+    def __init__(self, output: str, staging: Path, keep: int, tensorboard: Any = None) -> None:
+        self.world_size = 1
+        self.tensorboard = tensorboard  # rank 0's SummaryWriter, or None
+        self.output = output
+        self.staging = staging
+        self.keep = keep
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self.published: list[int] = []
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            dist.barrier()  # every rank has written its part of the checkpoint
+        if not state.is_world_process_zero:
+            return
+        self.wait()
+        self.world_size = args.world_size
+        step = state.global_step
+        snapshot = self.staging / f"step-{step}"
+        shutil.rmtree(snapshot, ignore_errors=True)
+        _snapshot(Path(args.output_dir) / f"checkpoint-{step}", snapshot)
+        if self.tensorboard is not None:
+            self.tensorboard.flush()  # copied, not linked: the writer keeps appending to its file
+            shutil.copytree(self.tensorboard.log_dir, snapshot / TENSORBOARD)
+        self._thread = threading.Thread(target=self._upload, args=(snapshot, step), name=f"upload-step-{step}", daemon=True)
+        self._thread.start()
+
+    def _upload(self, snapshot: Path, step: int) -> None:
+        try:
+            meta = {"stage": "sft", "global_step": step, "world_size": self.world_size}
+            storage.publish_dir(snapshot, checkpoint_uri(self.output, step), meta=meta)
+            log.info("checkpoint step %d published to %s", step, checkpoint_uri(self.output, step))
+            self.published.append(step)
+            for old in published_steps(self.output)[: -self.keep]:
+                delete_checkpoint(self.output, old)
+        except BaseException as exc:  # surfaced on the training thread by wait()
+            self._error = exc
+        finally:
+            shutil.rmtree(snapshot, ignore_errors=True)
+
+    def wait(self) -> None:
+        """Block until the upload in flight is done; re-raise its failure (training must not go on unprotected)."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise storage.StorageError(f"checkpoint upload failed: {error}") from error
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.wait()

@@ -1,0 +1,55 @@
+"""Config of the sft stage. Paper values in presets/paper.yaml; CPU values in presets/tiny.yaml."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import pydantic
+
+from klear.common.config import StageConfig
+
+
+class SftConfig(StageConfig):
+    preset_package = "klear.sft"
+
+    # Data
+    max_length: int = pydantic.Field(32768, ge=16, description="tokens per packed row; longer samples are skipped")
+    chat_template: Literal["model", "qwen3"] = pydantic.Field(
+        "model", description="'model': the model's own template (must have {% generation %} markers); "
+        "'qwen3': the shipped Qwen3 template with markers (base models ship a template without them)")
+    packing: bool = pydantic.Field(True, description="best-fit-decreasing packing, padding-free, per-sample position ids")
+    dataset_num_proc: int = pydantic.Field(1, ge=1, description="processes tokenizing the data")
+
+    # Schedule (paper: peak 8e-5, cosine decay to a floor of 4e-5, 4 epochs)
+    learning_rate: float = pydantic.Field(8e-5, gt=0)
+    min_learning_rate: float = pydantic.Field(4e-5, ge=0, description="floor of the cosine decay")
+    warmup_ratio: float = pydantic.Field(0.0, ge=0, lt=1)
+    num_epochs: float = pydantic.Field(4, gt=0)
+    per_device_batch_size: int = pydantic.Field(1, ge=1, description="packed rows per device per micro-step")
+    gradient_accumulation_steps: int = pydantic.Field(1, ge=1)
+    weight_decay: float = pydantic.Field(0.0, ge=0)
+    max_grad_norm: float = pydantic.Field(1.0, gt=0)
+    seed: int = 42
+
+    # Numerics and kernels
+    bf16: bool = True
+    gradient_checkpointing: bool = True
+    attn_implementation: Literal["auto", "flash_attention_2", "sdpa", "eager"] = pydantic.Field(
+        "auto", description="'auto': flash_attention_2 when flash-attn is installed, else sdpa")
+    use_liger_kernel: Literal["auto", "on", "off"] = pydantic.Field("auto", description="'auto': on when liger-kernel is installed")
+    deepspeed: str = pydantic.Field(
+        "", description="DeepSpeed config: 'zero3' (shipped), a JSON path, or '' for none (plain DDP / one process)")
+
+    # Checkpoints on object storage
+    save_steps: int = pydantic.Field(500, ge=1, description="checkpoint every N optimizer steps")
+    keep_checkpoints: int = pydantic.Field(2, ge=1, description="newest published checkpoints kept on storage")
+    resume: bool = pydantic.Field(True, description="resume from the newest complete checkpoint under <output>/checkpoints")
+
+    # Logging
+    logging_steps: int = pydantic.Field(10, ge=1)
+
+    @pydantic.model_validator(mode="after")
+    def _floor_below_peak(self) -> SftConfig:
+        if self.min_learning_rate > self.learning_rate:
+            raise ValueError(f"min_learning_rate {self.min_learning_rate} exceeds learning_rate {self.learning_rate}")
+        return self

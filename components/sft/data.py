@@ -1,0 +1,112 @@
+"""SFT examples from records: conversations in, token ids and assistant masks out.
+
+Accepted record shapes (first match wins):
+
+  {"messages": [{"role": ..., "content": ...}, ...]}           chat rows (demo data, teacher samples)
+  {"record": "<JSON of a row with messages>", ...}             curate's prompts/part-*.parquet
+  {"prompt": "...", "response" | "completion": "..."}          a prompt and one teacher response
+
+A record without an assistant turn, or longer than `max_length` tokens, is skipped and counted:
+never truncated, since a long-CoT answer cut mid-way would teach the model to stop thinking
+without concluding (and to never emit `<|im_end|>`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+from klear.common import storage
+from klear.common.records import Source, iter_records
+
+SKIP_REASONS = ("no_assistant", "too_long", "unreadable")
+_ROLES = ("system", "user", "assistant")
+
+
+def to_messages(record: dict[str, Any]) -> list[dict[str, str]] | None:
+    """The record's conversation (role/content, plus reasoning_content when present): [] when the record has
+    none (a bare prompt), None when it has one that is malformed (unknown role, non-text content)."""
+    if isinstance(record.get("messages"), list):
+        raw = record["messages"]
+    elif isinstance(record.get("record"), str):
+        try:
+            inner = json.loads(record["record"])
+        except ValueError:
+            return None
+        return to_messages(inner) if isinstance(inner, dict) else None
+    elif "messages" in record:
+        return None
+    elif isinstance(record.get("prompt"), str):
+        response = record.get("response", record.get("completion"))
+        raw = [{"role": "user", "content": record["prompt"]}]
+        if isinstance(response, str):
+            raw.append({"role": "assistant", "content": response})
+    else:
+        return []
+    messages = []
+    for message in raw:
+        if not isinstance(message, dict) or message.get("role") not in _ROLES:
+            return None
+        content = message.get("content")
+        if not isinstance(content, str):
+            return None
+        kept = {"role": message["role"], "content": content}
+        if isinstance(message.get("reasoning_content"), str) and message["reasoning_content"]:
+            kept["reasoning_content"] = message["reasoning_content"]
+        messages.append(kept)
+    return messages
+
+
+def has_assistant_turn(messages: list[dict[str, str]]) -> bool:
+    return any(m["role"] == "assistant" and (m["content"].strip() or m.get("reasoning_content")) for m in messages)
+
+
+def tokenize_conversation(tokenizer: Any, messages: list[dict[str, str]]) -> tuple[list[int], list[int]]:
+    """Token ids of the rendered conversation and the mask of the tokens the loss is taken on."""
+    out = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+    return list(out["input_ids"]), list(out["assistant_masks"])
+
+
+def encode_example(tokenizer: Any, conversation: str, max_length: int) -> dict[str, Any]:
+    """One dataset row: ids, assistant mask, length and a skip reason ("" = keep). `conversation` is JSON."""
+    messages = json.loads(conversation)
+    if messages is None:
+        return _skipped("unreadable")
+    if not has_assistant_turn(messages):
+        return _skipped("no_assistant")
+    ids, mask = tokenize_conversation(tokenizer, messages)
+    if len(ids) > max_length:
+        return _skipped("too_long")
+    if not any(mask):
+        return _skipped("no_assistant")
+    return {"input_ids": ids, "assistant_masks": mask, "length": len(ids), "skip": ""}
+
+
+def _skipped(reason: str) -> dict[str, Any]:
+    return {"input_ids": [], "assistant_masks": [], "length": 0, "skip": reason}
+
+
+def _published_files(uri: str) -> list[str] | None:
+    """For a published stage output, the data files to train on: curate's prompts/ if present, else all."""
+    try:
+        manifest = storage.read_manifest(uri)
+    except storage.UnpublishedOutputError:
+        return None
+    data = [f for f in sorted(manifest.files) if f.endswith((".jsonl", ".parquet"))]
+    prompts = [f for f in data if f.startswith("prompts/")]
+    return prompts or data
+
+
+def iter_conversations(uris: list[str]) -> Iterator[tuple[str, str]]:
+    """(where, conversation JSON or "null") for every record of the data sources, in order."""
+    for uri in uris:
+        files = _published_files(uri) if storage.is_dir(uri) else None
+        if files is not None:
+            with storage.fetch_published(uri) as (local, _):
+                for rel in files:
+                    for located in iter_records(Source(uri=str(local / rel), name=rel)):
+                        yield f"{uri}/{located.where.removeprefix(str(local) + '/')}", json.dumps(to_messages(located.record))
+        else:
+            for located in iter_records(Source.parse(uri)):
+                yield located.where, json.dumps(to_messages(located.record))

@@ -1,0 +1,335 @@
+"""Entry point of the sft stage: long-CoT supervised fine-tuning on TRL's SFTTrainer.
+
+    klear sft --model URI --data URI [URI ...] --output URI [--config paper|tiny|FILE] [--set KEY=VALUE]
+    accelerate launch --config_file components/sft/launch_configs/zero3.yaml -m klear.cli sft ...   (many GPUs/nodes)
+
+Trains on the assistant turns only (reasoning in <think>...</think> and the answer, up to and
+including <|im_end|>, the EOS), packs samples padding-free with per-sample position ids, and
+publishes to `--output`:
+
+    model.safetensors, config.json, tokenizer files, chat_template.jinja, generation_config.json
+    report.json     records read/kept/skipped (with reasons), steps, resume point, final metrics
+    metrics.json    final loss, lr, grad norm, tokens/s (the KFP component logs these)
+    logs/           TensorBoard event files
+
+Checkpoints go to `<output>/checkpoints/step-N` every `save_steps`; a restarted run resumes from
+the newest complete one (see checkpoints.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import tempfile
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+# Everything this stage reads is local or on S3: no model hub look-ups (TRL's model card asks the hub).
+# Set before transformers is imported, which reads it once.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from klear.common import storage  # noqa: E402
+from klear.common.config import load_config  # noqa: E402
+from klear.sft import checkpoints  # noqa: E402
+from klear.sft.chat_template import END_OF_TURN, QWEN3_CHAT_TEMPLATE  # noqa: E402
+from klear.sft.config import SftConfig  # noqa: E402
+from klear.sft.data import encode_example, iter_conversations  # noqa: E402
+
+log = logging.getLogger("klear.sft")
+
+LAUNCH_DIR = Path(__file__).resolve().parent / "launch_configs"
+
+
+class SftError(ValueError):
+    """Bad input to the stage (model without tokenizer or template, no trainable records); the message says which."""
+
+
+# --------------------------------------------------------------------------- inputs
+
+
+def local_model(model: str, stack: contextlib.ExitStack) -> Path:
+    """A local folder with the model: a published output (checksums verified) or a plain Hugging Face folder."""
+    if storage.exists(storage.Uri.parse(model).join(storage.MANIFEST_NAME)):
+        path, _ = stack.enter_context(storage.fetch_published(model))
+    else:
+        path = stack.enter_context(storage.localize(model))
+    if not (path / "config.json").is_file():
+        raise SftError(f"{model}: no config.json; expected a Hugging Face model folder")
+    return path
+
+
+def load_tokenizer(model_dir: Path, model: str, config: SftConfig) -> Any:
+    """The tokenizer with the training chat template and EOS = <|im_end|>; clear errors for what is missing."""
+    from transformers import AutoTokenizer
+    from trl.chat_template_utils import has_generation_markers, is_chat_template_stop_token_trained
+
+    if not any((model_dir / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json", "vocab.json")):
+        raise SftError(f"{model}: no tokenizer files (tokenizer.json / tokenizer_config.json); save the tokenizer with the model")
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    if config.chat_template == "qwen3":
+        tokenizer.chat_template = QWEN3_CHAT_TEMPLATE
+    elif not tokenizer.chat_template:
+        raise SftError(f"{model}: the tokenizer has no chat template; ship one or use --set chat_template=qwen3")
+    elif not has_generation_markers(tokenizer.chat_template):
+        raise SftError(f"{model}: the chat template has no {{% generation %}} markers, so the assistant's tokens cannot be "
+                       "told apart; use --set chat_template=qwen3")
+    if END_OF_TURN not in tokenizer.get_vocab():
+        raise SftError(f"{model}: the vocabulary has no {END_OF_TURN} token, the end of turn the model must learn to emit")
+    # The pitfall: a base model's EOS (<|endoftext|>) never follows an assistant turn, so it never stops.
+    tokenizer.eos_token = END_OF_TURN
+    if tokenizer.pad_token is None or tokenizer.pad_token == END_OF_TURN:
+        raise SftError(f"{model}: the tokenizer needs a pad token distinct from {END_OF_TURN}")
+    if not is_chat_template_stop_token_trained(tokenizer):
+        raise SftError(f"{model}: the chat template leaves {END_OF_TURN} outside the assistant mask; the model would never stop")
+    return tokenizer
+
+
+def build_dataset(data: list[str], tokenizer: Any, config: SftConfig, cache_dir: Path) -> tuple[Any, dict[str, Any]]:
+    """Tokenized, filtered training rows (input_ids, assistant_masks) and the counts for the report."""
+    import datasets
+
+    # The generator's cache is keyed on the URIs, not on their content: never reuse one from an earlier run.
+    shutil.rmtree(cache_dir, ignore_errors=True)
+    rows = datasets.Dataset.from_generator(_conversations, gen_kwargs={"uris": list(data)}, cache_dir=str(cache_dir))
+    encoded = rows.map(encode_example_row, fn_kwargs={"tokenizer": tokenizer, "max_length": config.max_length},
+                       num_proc=config.dataset_num_proc if len(rows) > 1000 else None, remove_columns=["conversation"],
+                       desc="tokenizing")
+    reasons = encoded["skip"]
+    skipped = Counter(r for r in reasons if r)
+    examples = [w for w, r in zip(encoded["where"], reasons) if r][:20]
+    kept = encoded.filter(lambda skip: not skip, input_columns="skip")
+    counts = {"read": len(reasons), "kept": len(kept), "skipped": dict(sorted(skipped.items())),
+              "skipped_examples": examples, "tokens": int(sum(kept["length"]))}  # lengths only: never all ids in memory
+    kept = kept.select_columns(["input_ids", "assistant_masks"])
+    if len(kept) == 0:
+        raise SftError(f"no trainable records in {', '.join(data)}: read {counts['read']}, skipped {counts['skipped']} "
+                       f"(max_length {config.max_length})")
+    return kept, counts
+
+
+def _conversations(uris: list[str]):
+    for where, conversation in iter_conversations(uris):
+        yield {"where": where, "conversation": conversation}
+
+
+def encode_example_row(row: dict[str, Any], tokenizer: Any, max_length: int) -> dict[str, Any]:
+    return encode_example(tokenizer, row["conversation"], max_length)
+
+
+# --------------------------------------------------------------------------- training
+
+
+def _attention(config: SftConfig) -> str:
+    if config.attn_implementation != "auto":
+        return config.attn_implementation
+    return "flash_attention_2" if importlib.util.find_spec("flash_attn") else "sdpa"
+
+
+def _deepspeed_config(config: SftConfig) -> str | None:
+    if not config.deepspeed:
+        return None
+    path = str(LAUNCH_DIR / "zero3.json") if config.deepspeed == "zero3" else config.deepspeed
+    if not Path(path).is_file():
+        raise SftError(f"DeepSpeed config not found: {config.deepspeed}")
+    return path
+
+
+def training_arguments(config: SftConfig, work: Path) -> Any:
+    from trl import SFTConfig
+
+    liger = config.use_liger_kernel == "on" or (
+        config.use_liger_kernel == "auto" and importlib.util.find_spec("liger_kernel") is not None)
+    return SFTConfig(
+        output_dir=str(work / "trainer"),
+        num_train_epochs=config.num_epochs,
+        per_device_train_batch_size=config.per_device_batch_size,
+        gradient_accumulation_steps=config.gradient_accumulation_steps,
+        learning_rate=config.learning_rate,
+        lr_scheduler_type="cosine_with_min_lr",
+        # As a rate: `min_lr` reads optimizer.defaults, which DeepSpeed's ZeRO optimizer lacks.
+        lr_scheduler_kwargs={"min_lr_rate": config.min_learning_rate / config.learning_rate},
+        warmup_steps=config.warmup_ratio,
+        weight_decay=config.weight_decay,
+        max_grad_norm=config.max_grad_norm,
+        seed=config.seed,
+        bf16=config.bf16,
+        gradient_checkpointing=config.gradient_checkpointing,
+        gradient_checkpointing_kwargs={"use_reentrant": False} if config.gradient_checkpointing else None,
+        model_init_kwargs={"dtype": "bfloat16" if config.bf16 else "float32", "attn_implementation": _attention(config),
+                           "use_cache": False},
+        use_liger_kernel=liger,
+        deepspeed=_deepspeed_config(config),
+        max_length=config.max_length,
+        packing=config.packing,
+        packing_strategy="bfd",
+        padding_free=config.packing,
+        # The rows carry TRL's `assistant_masks` already, so labels are built from them: assistant-only loss
+        # without a second tokenization (TRL's own flag expects untokenized conversations).
+        assistant_only_loss=False,
+        eos_token=END_OF_TURN,
+        dataset_num_proc=config.dataset_num_proc,
+        logging_steps=config.logging_steps,
+        report_to="none",  # TensorBoard is added by hand, to write into our own logs/ folder
+        save_strategy="steps",
+        save_steps=config.save_steps,
+        save_total_limit=2,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        # Without an accelerator, several processes must still form one (gloo) process group, not run alone.
+        use_cpu=not _has_accelerator(),
+    )
+
+
+def _has_accelerator() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _resume_point(output: str, trainer_dir: Path, work: Path, config: SftConfig) -> Path | None:
+    """The newest complete checkpoint, downloaded once per node by its local main process; every rank gets its path."""
+    from accelerate import PartialState
+
+    state = PartialState()
+    marker = work / "resume.json"
+    if state.is_local_main_process:
+        found = checkpoints.newest_checkpoint(output, trainer_dir) if config.resume else None
+        marker.write_text(json.dumps({"path": str(found) if found else None}))
+    state.wait_for_everyone()
+    path = json.loads(marker.read_text())["path"]
+    if not path:
+        return None
+    meta = json.loads((Path(path) / checkpoints.META_FILE).read_text())
+    problem = checkpoints.world_size_problem(meta.get("world_size"), state.num_processes, bool(config.deepspeed))
+    if problem and problem[0] == "error":
+        raise SftError(problem[1])
+    if problem:
+        log.warning(problem[1])
+    return Path(path)
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def make_trainer(model_dir: Path, tokenizer: Any, dataset: Any, args: Any) -> Any:
+    """TRL's SFTTrainer on the prepared rows; the model is loaded from its folder under `args`
+    (so ZeRO-3 partitions it while loading)."""
+    from trl import SFTTrainer
+
+    return SFTTrainer(model=str(model_dir), args=args, train_dataset=dataset, processing_class=tokenizer)
+
+
+def run(model: str, data: list[str], output: str, config: SftConfig, work_dir: str | None = None) -> dict[str, Any]:
+    """Fine-tune `model` on `data`, publish the model and report to `output`; returns the report."""
+    from torch.utils.tensorboard import SummaryWriter
+    from transformers.integrations import TensorBoardCallback
+
+    from klear.sft.metrics import ThroughputLogger, summarize
+
+    with contextlib.ExitStack() as stack:
+        # One folder for all ranks of a node: a checkpoint is the union of what every rank writes there.
+        work = Path(work_dir) if work_dir else Path(tempfile.gettempdir()) / f"klear-sft-{_digest(output)}"
+        work.mkdir(parents=True, exist_ok=True)
+        model_dir = local_model(model, stack)
+        tokenizer = load_tokenizer(model_dir, model, config)
+        args = training_arguments(config, work)  # before the model: it switches on ZeRO-3's partitioned init
+        dataset, counts = build_dataset(data, tokenizer, config, work / "datasets" / f"rank-{os.environ.get('RANK', '0')}")
+        log.info("data: %d records, %d kept, skipped %s", counts["read"], counts["kept"], counts["skipped"])
+
+        trainer = make_trainer(model_dir, tokenizer, dataset, args)
+        resume = _resume_point(output, Path(args.output_dir), work, config)
+        writer = None
+        if trainer.is_world_process_zero():
+            if resume and (resume / checkpoints.TENSORBOARD).is_dir():  # the curves so far, from before the restart
+                shutil.copytree(resume / checkpoints.TENSORBOARD, work / "logs", dirs_exist_ok=True)
+            writer = SummaryWriter(log_dir=str(work / "logs"))
+            trainer.add_callback(TensorBoardCallback(tb_writer=writer))
+        throughput = ThroughputLogger()
+        throughput.install(trainer)
+        uploader = checkpoints.CheckpointUploader(output, work / "staging", config.keep_checkpoints, writer)
+        trainer.add_callback(uploader)
+        if resume:
+            log.info("resuming from checkpoint %s", resume.name)
+        else:
+            log.info("no complete checkpoint under %s: training from scratch", storage.Uri.parse(output).join("checkpoints"))
+        result = trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+        uploader.wait()
+
+        final = work / "final"
+        if trainer.is_world_process_zero():
+            shutil.rmtree(final, ignore_errors=True)
+        trainer.save_model(str(final))  # gathers ZeRO-3 shards; rank 0 writes
+        report = {
+            "data": counts,
+            "training": {"global_step": trainer.state.global_step, "max_steps": trainer.state.max_steps,
+                         "epochs": trainer.state.epoch, "resumed_from_step": int(resume.name.split("-")[-1]) if resume else 0,
+                         "checkpoints_published": uploader.published},
+            "metrics": summarize(throughput.history, result.metrics),
+            "config": config.model_dump(mode="json"),
+        }
+        if trainer.is_world_process_zero():
+            _finish_model_folder(final, tokenizer)
+            (final / "report.json").write_text(json.dumps(report, indent=2))
+            (final / "metrics.json").write_text(json.dumps(report["metrics"], indent=2))
+            shutil.copytree(work / "logs", final / "logs", dirs_exist_ok=True)
+            storage.publish_dir(final, output, meta={"stage": "sft", "global_step": trainer.state.global_step})
+            log.info("published the model to %s", output)
+        if not work_dir:  # everything is on storage now; a failed run keeps its folder for a retry in the same pod
+            _remove_when_all_done(work)
+    return report
+
+
+def _remove_when_all_done(work: Path) -> None:
+    from accelerate import PartialState
+
+    state = PartialState()
+    state.wait_for_everyone()
+    if state.is_local_main_process:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _finish_model_folder(final: Path, tokenizer: Any) -> None:
+    """Tokenizer with the training template, and a config that generates with a cache and stops at <|im_end|>."""
+    tokenizer.save_pretrained(final)
+    model_config = json.loads((final / "config.json").read_text())
+    model_config["use_cache"] = True
+    model_config["eos_token_id"] = tokenizer.eos_token_id
+    (final / "config.json").write_text(json.dumps(model_config, indent=2))
+    gen_path = final / "generation_config.json"
+    gen = json.loads(gen_path.read_text()) if gen_path.exists() else {}
+    gen.update(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    gen_path.write_text(json.dumps(gen, indent=2))
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    from klear.cli import add_config_arguments
+
+    parser = subparsers.add_parser("sft", help="long-CoT SFT on TRL (assistant-only loss, packing, resumable)",
+                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", required=True, metavar="URI", help="base model: a Hugging Face folder (path, file://, s3://)")
+    parser.add_argument("--data", nargs="+", required=True, metavar="URI", help="SFT records: JSONL/Parquet or a published output")
+    parser.add_argument("--output", required=True, metavar="URI", help="output location; checkpoints under <output>/checkpoints")
+    parser.add_argument("--work-dir", default=None, help="local scratch folder shared by the node's ranks (default: $TMPDIR/klear-sft-<hash of --output>)")
+    add_config_arguments(parser)
+    parser.set_defaults(func=_main)
+
+
+def _main(args: argparse.Namespace) -> int:
+    config = load_config(SftConfig, args.config, args.overrides)
+    report = run(args.model, args.data, args.output, config, args.work_dir)
+    if os.environ.get("RANK", "0") != "0":
+        return 0
+    print(json.dumps({"data": {k: v for k, v in report["data"].items() if k != "skipped_examples"},
+                      "training": report["training"], "metrics": report["metrics"]}))
+    return 0

@@ -1,0 +1,1 @@
+"""Tiny Qwen3-style model and tokenizer for the CPU preset."""
