@@ -9,6 +9,8 @@ Cluster-only settings (images, resources, node selectors, secrets) are set here;
 ignores them, so the very same DAG runs on a laptop CPU.
 """
 
+from typing import NamedTuple
+
 from kfp import dsl
 
 from klear.curate.component import curate
@@ -85,7 +87,7 @@ def klear_pipeline(
 @dsl.pipeline(name="klear-reasoner-demo", description="The recipe on synthetic data and a tiny model, for CPU")
 def klear_demo_pipeline(
     math_count: int = 200, code_count: int = 16, preset: str = "tiny", run_root: str = ""
-) -> dsl.Dataset:
+) -> NamedTuple("DemoOutputs", [("curated", dsl.Dataset), ("model", dsl.Model)]):
     demo = demo_data(math_count=math_count, code_count=code_count, seed=0, run_root=run_root,
                      run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER)
     demo.set_display_name("demo data")
@@ -95,8 +97,9 @@ def klear_demo_pipeline(
     tiny = tiny_model(run_root=run_root, run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER)
     tiny.set_display_name("tiny model")
     _on_cluster(tiny, cpu="1", memory="2Gi")
-    _sft(tiny.outputs["model"], curated.outputs["curated"], preset, run_root, gpus_per_node=0)
-    return curated.outputs["curated"]
+    tuned = _sft(tiny.outputs["model"], curated.outputs["curated"], preset, run_root, gpus_per_node=0)
+    outputs = NamedTuple("DemoOutputs", [("curated", dsl.Dataset), ("model", dsl.Model)])
+    return outputs(curated=curated.outputs["curated"], model=tuned.outputs["model"])
 
 
 @dsl.pipeline(name="klear-curate", description="Rerun the curate stage alone on existing prompt sources")

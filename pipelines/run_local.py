@@ -38,6 +38,14 @@ def run_compiled(name: str, workdir: Path, arguments: dict[str, Any], compiled_d
     return pipeline(**arguments)
 
 
+def _summary(location: storage.Uri) -> str:
+    """A stage output's report.md, or else its metrics.json, for the console."""
+    for name in ("report.md", "metrics.json"):
+        with contextlib.suppress(FileNotFoundError):
+            return storage.read_bytes(location.join(name)).decode()
+    return ""
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("pipeline", help="compiled pipeline name, e.g. klear-reasoner-demo")
@@ -53,10 +61,11 @@ def main(argv: list[str] | None = None) -> int:
     output = task.outputs if not hasattr(task, "output") else {"output": task.output}
     for name, artifact in output.items():
         location = artifact.metadata.get("uri", artifact.uri)
-        with contextlib.suppress(FileNotFoundError):
-            print("\n" + storage.read_bytes(storage.Uri.parse(location).join("report.md")).decode())
-        print(f"{name}: {location}")
+        print(f"\n{name}: {location}")
         print(json.dumps({k: v for k, v in artifact.metadata.items() if k != "uri"}))
+        summary = _summary(storage.Uri.parse(location))
+        if summary:
+            print(summary)
     return 0
 
 

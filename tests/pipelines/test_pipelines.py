@@ -39,7 +39,7 @@ def test_invalid_spec_is_rejected(tmp_path: Path) -> None:
 def test_demo_pipeline_end_to_end_on_s3(compiled: Path, s3_bucket: str, tmp_path: Path) -> None:
     task = run_compiled("klear-reasoner-demo", tmp_path, {"math_count": 60, "code_count": 8,
                                                           "run_root": f"{s3_bucket}/runs"}, compiled)
-    location = task.output.metadata["uri"]
+    location = task.outputs["curated"].metadata["uri"]
     assert location.startswith(f"{s3_bucket}/runs/") and location.endswith("/curate")
     with storage.fetch_published(location) as (local, manifest):
         report = json.loads((local / "report.json").read_text())
@@ -50,6 +50,12 @@ def test_demo_pipeline_end_to_end_on_s3(compiled: Path, s3_bucket: str, tmp_path
     # The demo data the first step wrote is on S3 too, published.
     demo_location = location.rsplit("/", 1)[0] + "/demo-data"
     assert "math.jsonl" in storage.read_manifest(demo_location).files
+    # The tiny model was fine-tuned on the curated prompts, and published next to them.
+    model = task.outputs["model"].metadata["uri"]
+    assert model == location.rsplit("/", 1)[0] + "/sft"
+    sft_report = json.loads(storage.read_bytes(model + "/report.json"))
+    assert sft_report["data"]["read"] == report["totals"]["kept"]
+    assert {"model.safetensors", "tokenizer.json"} <= set(storage.read_manifest(model).files)
 
 
 def test_single_stage_rerun_from_imported_s3_sources(compiled: Path, s3_bucket: str, tmp_path: Path) -> None:
