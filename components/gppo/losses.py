@@ -84,16 +84,17 @@ def policy_loss(
     if kind == "cispo":
         weight = ratio.detach().clamp(low_bound, high_bound)
         objective = weight * adv * logp
+    elif kind == "gppo":
+        # δ·w with w = bound/sg(δ) on the two clipped branches: forward value bound·Ã, gradient
+        # bound·Ã·∇logp (not zero). w carries no graph, so this costs what PPO's clip costs.
+        with torch.no_grad():
+            weight = torch.where(lower, beta1 * low_bound / ratio, 1.0)
+            weight = torch.where(upper, beta2 * high_bound / ratio, weight)
+        objective = ratio * weight * adv
     else:
-        objective = ratio * adv
-        if kind == "gppo":
-            # bound·δ/sg(δ): forward value bound, gradient bound·∇logp (not zero).
-            unit = ratio / ratio.detach()
-            objective = torch.where(lower, beta1 * low_bound * unit * adv, objective)
-            objective = torch.where(upper, beta2 * high_bound * unit * adv, objective)
-        else:
-            objective = torch.where(lower, low_bound * adv, objective)
-            objective = torch.where(upper, high_bound * adv, objective)
+        with torch.no_grad():
+            clipped_value = torch.where(lower, low_bound, high_bound) * adv
+        objective = torch.where(lower | upper, clipped_value, ratio * adv)
     if dual_clip is not None:
         if dual_clip <= 1.0:
             raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
