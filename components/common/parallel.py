@@ -48,7 +48,7 @@ def ordered_map(
 ) -> Iterator[R]:
     """`map(fn, items)` on `workers` processes, results in input order.
 
-    Unlike Pool.imap, which drains its input as fast as it can, at most 2 x workers items are
+    Unlike Pool.imap, which drains its input as fast as it can, at most 4 x workers items are
     read ahead, so memory stays bounded however long the stream is. With one worker everything
     runs in this process (no pickling, easy to debug).
     """
@@ -63,7 +63,7 @@ def ordered_map(
         pending: collections.deque[Any] = collections.deque()
         for item in items:
             pending.append(pool.apply_async(fn, (item,)))
-            if len(pending) >= 2 * workers:
+            if len(pending) >= 4 * workers:
                 yield pending.popleft().get()
         while pending:
             yield pending.popleft().get()
