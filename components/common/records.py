@@ -11,9 +11,7 @@ Hugging Face `datasets` folder; anything else is refused rather than guessed at.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
-import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,8 +49,9 @@ class Source:
         name = options.pop("source", "") or _stem(uri)
         return cls(uri=uri, fields=options, name=name)
 
-    def field(self, canonical: str) -> str:
-        return self.fields.get(canonical, canonical)
+    def field(self, canonical: str, default: str | None = None) -> str:
+        """The source's name for a field: its mapping, else `default`, else the canonical name."""
+        return self.fields.get(canonical, default or canonical)
 
 
 def _stem(uri: str) -> str:

@@ -66,8 +66,8 @@ def load_benchmark_items(specs: Sequence[str], config: CurateConfig) -> list[Ben
     items: list[BenchmarkItem] = []
     for spec in specs:
         source = Source.parse(spec)
-        text_field = source.field("problem") if "problem" in source.fields else config.benchmark_field
-        id_field = source.fields.get("id", config.benchmark_id_field)
+        text_field = source.field("problem", config.benchmark_field)
+        id_field = source.field("id", config.benchmark_id_field)
         for located in iter_records(source):
             text = located.record.get(text_field)
             if not isinstance(text, str):
@@ -246,7 +246,7 @@ def run(
     workers = resolve_workers(config.workers)
     decider = Decider(items, config, sources)
     tasks = (
-        (source, chunk, source.fields.get("prompt", config.prompt_field), source.fields.get("id", config.id_field))
+        (source, chunk, source.field("prompt", config.prompt_field), source.field("id", config.id_field))
         for source in sources
         for chunk in iter_chunks(source, config.batch_size)
     )
