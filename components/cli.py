@@ -17,6 +17,7 @@ COMMANDS = {
     "curate": "klear.curate.stage",
     "tiny-model": "klear.tiny_model.build",
     "sft": "klear.sft.stage",
+    "gppo": "klear.gppo.stage",
     "verify-math": "klear.verifiers.cli",
     "verify-code": "klear.verifiers.cli",
 }

@@ -1,4 +1,5 @@
-"""Shared fixtures: a real SeaweedFS S3 server on loopback for the whole session, fresh buckets per test."""
+"""Shared fixtures: a real SeaweedFS S3 server on loopback for the whole session, fresh buckets per test;
+the tiny model and the demo data, built once per session for the training stages."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from pathlib import Path
 import pytest
 
 from tests import s3server
+
+DEMO_FILES = ("math.jsonl", "code.jsonl")
 
 _bucket_numbers = itertools.count()
 
@@ -46,3 +49,26 @@ def s3_bucket(s3_env: dict[str, str]) -> str:
 @pytest.fixture()
 def repo_root() -> Path:
     return Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> str:
+    out = tmp_path_factory.mktemp("tiny-model") / "model"
+    from klear.tiny_model.build import build
+
+    build(str(out))
+    return str(out)
+
+
+@pytest.fixture(scope="session")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("demo") / "data"
+    from klear.demo.generate import generate
+
+    generate(str(out), math_count=120, code_count=8, seed=0)
+    return out
+
+
+@pytest.fixture(scope="session")
+def demo_files(demo: Path) -> list[str]:
+    return [str(demo / name) for name in DEMO_FILES]

@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 
 from klear.common import storage
 
-__all__ = ["Chunk", "Located", "ParquetShardWriter", "RecordError", "Source", "iter_chunks", "iter_records", "parse_chunk", "read_records", "write_records"]
+__all__ = ["Chunk", "Located", "ParquetShardWriter", "RecordError", "Source", "iter_chunks", "iter_records", "iter_training_records", "parse_chunk", "read_records", "write_records"]
 
 _JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 _PARQUET_SUFFIXES = (".parquet",)
@@ -173,6 +173,31 @@ def iter_records(source: Source) -> Iterator[Located]:
     """Stream the records of a source in order."""
     for chunk in iter_chunks(source):
         yield from parse_chunk(chunk)
+
+
+def _published_data_files(uri: str) -> list[str] | None:
+    """For a published stage output, the files a training stage reads: curate's prompts/ if present, else all data."""
+    try:
+        manifest = storage.read_manifest(uri)
+    except storage.UnpublishedOutputError:
+        return None
+    data = [f for f in sorted(manifest.files) if f.endswith((".jsonl", ".parquet"))]  # not .json reports
+    prompts = [f for f in data if f.startswith("prompts/")]
+    return prompts or data
+
+
+def iter_training_records(uris: Iterable[str]) -> Iterator[Located]:
+    """Every record of the training-data sources, in order: files (with field mappings), or published
+    outputs, of which only curate's kept prompts are read when present (not its removal lists)."""
+    for uri in uris:
+        files = _published_data_files(uri) if storage.is_dir(uri) else None
+        if files is None:
+            yield from iter_records(Source.parse(uri))
+            continue
+        with storage.fetch_published(uri) as (local, _):
+            for rel in files:
+                for located in iter_records(Source(uri=str(local / rel), name=rel)):
+                    yield located._replace(where=f"{uri.rstrip('/')}/{located.where.removeprefix(str(local) + '/')}")
 
 
 def read_records(uri: str) -> list[dict[str, Any]]:

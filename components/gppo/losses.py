@@ -15,14 +15,14 @@ while its forward value (β = 1) equals clip-higher's. Everywhere else every kin
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import get_args
 
 import torch
 
-LossKind = Literal["ppo_clip", "clip_higher", "cispo", "gppo"]
-Aggregation = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
-KINDS: tuple[str, ...] = ("ppo_clip", "clip_higher", "cispo", "gppo")
-AGGREGATIONS: tuple[str, ...] = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+from klear.gppo.config import Aggregation, LossKind
+
+KINDS: tuple[str, ...] = get_args(LossKind)
+AGGREGATIONS: tuple[str, ...] = get_args(Aggregation)
 
 
 def aggregate(per_token: torch.Tensor, mask: torch.Tensor, agg: Aggregation = "token-mean") -> torch.Tensor:
@@ -60,6 +60,7 @@ def policy_loss(
     beta2: float = 1.0,
     dual_clip: float | None = None,
     agg: Aggregation = "token-mean",
+    token_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The policy loss of `kind` and its statistics.
 
@@ -67,6 +68,8 @@ def policy_loss(
     `dual_clip` = c caps the loss of negative-advantage tokens at −c·Ã where δ > c (the official
     Klear code uses c = 10; off in the paper). Stats: fractions of masked tokens clipped at the
     lower and upper bound, mean and max ratio, approximate KL to the old policy (k3 estimator).
+    `token_weights` (batch, tokens) multiply each token's objective without gradient: the truncated
+    importance weight π_trainer/π_sampler that corrects for vLLM's log-probs differing from the trainer's.
     """
     if kind not in KINDS:
         raise ValueError(f"unknown policy loss {kind!r}; expected one of {KINDS}")
@@ -101,6 +104,8 @@ def policy_loss(
         capped = (adv < 0) & (ratio.detach() > dual_clip)
         objective = torch.where(capped, dual_clip * adv, objective)
 
+    if token_weights is not None:
+        objective = objective * token_weights.detach()
     loss = aggregate(-objective, mask, agg)
     with torch.no_grad():
         m = mask.bool()

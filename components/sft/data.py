@@ -17,8 +17,7 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-from klear.common import storage
-from klear.common.records import Source, iter_records
+from klear.common.records import iter_training_records
 
 SKIP_REASONS = ("no_assistant", "too_long", "unreadable")
 _ROLES = ("system", "user", "assistant")
@@ -87,26 +86,7 @@ def _skipped(reason: str) -> dict[str, Any]:
     return {"input_ids": [], "assistant_masks": [], "length": 0, "skip": reason}
 
 
-def _published_files(uri: str) -> list[str] | None:
-    """For a published stage output, the data files to train on: curate's prompts/ if present, else all."""
-    try:
-        manifest = storage.read_manifest(uri)
-    except storage.UnpublishedOutputError:
-        return None
-    data = [f for f in sorted(manifest.files) if f.endswith((".jsonl", ".parquet"))]
-    prompts = [f for f in data if f.startswith("prompts/")]
-    return prompts or data
-
-
 def iter_conversations(uris: list[str]) -> Iterator[tuple[str, str]]:
     """(where, conversation JSON or "null") for every record of the data sources, in order."""
-    for uri in uris:
-        files = _published_files(uri) if storage.is_dir(uri) else None
-        if files is not None:
-            with storage.fetch_published(uri) as (local, _):
-                for rel in files:
-                    for located in iter_records(Source(uri=str(local / rel), name=rel)):
-                        yield f"{uri}/{located.where.removeprefix(str(local) + '/')}", json.dumps(to_messages(located.record))
-        else:
-            for located in iter_records(Source.parse(uri)):
-                yield located.where, json.dumps(to_messages(located.record))
+    for located in iter_training_records(uris):
+        yield located.where, json.dumps(to_messages(located.record))

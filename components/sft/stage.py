@@ -35,34 +35,22 @@ from typing import Any
 # Set before transformers is imported, which reads it once.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from klear.common import storage  # noqa: E402
+from klear.common import checkpoints, hf_model  # noqa: E402
 from klear.common.config import load_config  # noqa: E402
-from klear.sft import checkpoints  # noqa: E402
+from klear.common.hf_model import ModelInputError  # noqa: E402
 from klear.sft.chat_template import END_OF_TURN, QWEN3_CHAT_TEMPLATE  # noqa: E402
 from klear.sft.config import SftConfig  # noqa: E402
 from klear.sft.data import encode_example, iter_conversations  # noqa: E402
 
 log = logging.getLogger("klear.sft")
 
-LAUNCH_DIR = Path(__file__).resolve().parent / "launch_configs"
 
 
-class SftError(ValueError):
+class SftError(ModelInputError):
     """Bad input to the stage (model without tokenizer or template, no trainable records); the message says which."""
 
 
 # --------------------------------------------------------------------------- inputs
-
-
-def local_model(model: str, stack: contextlib.ExitStack) -> Path:
-    """A local folder with the model: a published output (checksums verified) or a plain Hugging Face folder."""
-    if storage.exists(storage.Uri.parse(model).join(storage.MANIFEST_NAME)):
-        path, _ = stack.enter_context(storage.fetch_published(model))
-    else:
-        path = stack.enter_context(storage.localize(model))
-    if not (path / "config.json").is_file():
-        raise SftError(f"{model}: no config.json; expected a Hugging Face model folder")
-    return path
 
 
 def load_tokenizer(model_dir: Path, model: str, config: SftConfig) -> Any:
@@ -126,21 +114,6 @@ def encode_example_row(row: dict[str, Any], tokenizer: Any, max_length: int) -> 
 # --------------------------------------------------------------------------- training
 
 
-def _attention(config: SftConfig) -> str:
-    if config.attn_implementation != "auto":
-        return config.attn_implementation
-    return "flash_attention_2" if importlib.util.find_spec("flash_attn") else "sdpa"
-
-
-def _deepspeed_config(config: SftConfig) -> str | None:
-    if not config.deepspeed:
-        return None
-    path = str(LAUNCH_DIR / "zero3.json") if config.deepspeed == "zero3" else config.deepspeed
-    if not Path(path).is_file():
-        raise SftError(f"DeepSpeed config not found: {config.deepspeed}")
-    return path
-
-
 def training_arguments(config: SftConfig, work: Path) -> Any:
     from trl import SFTConfig
 
@@ -162,10 +135,10 @@ def training_arguments(config: SftConfig, work: Path) -> Any:
         bf16=config.bf16,
         gradient_checkpointing=config.gradient_checkpointing,
         gradient_checkpointing_kwargs={"use_reentrant": False} if config.gradient_checkpointing else None,
-        model_init_kwargs={"dtype": "bfloat16" if config.bf16 else "float32", "attn_implementation": _attention(config),
+        model_init_kwargs={"dtype": "bfloat16" if config.bf16 else "float32", "attn_implementation": hf_model.attention(config.attn_implementation),
                            "use_cache": False},
         use_liger_kernel=liger,
-        deepspeed=_deepspeed_config(config),
+        deepspeed=hf_model.deepspeed_config(config.deepspeed),
         max_length=config.max_length,
         packing=config.packing,
         packing_strategy="bfd",
@@ -183,36 +156,8 @@ def training_arguments(config: SftConfig, work: Path) -> Any:
         disable_tqdm=True,
         dataloader_num_workers=0,
         # Without an accelerator, several processes must still form one (gloo) process group, not run alone.
-        use_cpu=not _has_accelerator(),
+        use_cpu=not hf_model.has_accelerator(),
     )
-
-
-def _has_accelerator() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
-
-
-def _resume_point(output: str, trainer_dir: Path, work: Path, config: SftConfig) -> Path | None:
-    """The newest complete checkpoint, downloaded once per node by its local main process; every rank gets its path."""
-    from accelerate import PartialState
-
-    state = PartialState()
-    marker = work / "resume.json"
-    if state.is_local_main_process:
-        found = checkpoints.newest_checkpoint(output, trainer_dir) if config.resume else None
-        marker.write_text(json.dumps({"path": str(found) if found else None}))
-    state.wait_for_everyone()
-    path = json.loads(marker.read_text())["path"]
-    if not path:
-        return None
-    meta = json.loads((Path(path) / checkpoints.META_FILE).read_text())
-    problem = checkpoints.world_size_problem(meta.get("world_size"), state.num_processes, bool(config.deepspeed))
-    if problem and problem[0] == "error":
-        raise SftError(problem[1])
-    if problem:
-        log.warning(problem[1])
-    return Path(path)
 
 
 def _digest(text: str) -> str:
@@ -229,84 +174,36 @@ def make_trainer(model_dir: Path, tokenizer: Any, dataset: Any, args: Any) -> An
 
 def run(model: str, data: list[str], output: str, config: SftConfig, work_dir: str | None = None) -> dict[str, Any]:
     """Fine-tune `model` on `data`, publish the model and report to `output`; returns the report."""
-    from torch.utils.tensorboard import SummaryWriter
-    from transformers.integrations import TensorBoardCallback
-
     from klear.sft.metrics import ThroughputLogger, summarize
 
     with contextlib.ExitStack() as stack:
         # One folder for all ranks of a node: a checkpoint is the union of what every rank writes there.
         work = Path(work_dir) if work_dir else Path(tempfile.gettempdir()) / f"klear-sft-{_digest(output)}"
         work.mkdir(parents=True, exist_ok=True)
-        model_dir = local_model(model, stack)
+        model_dir = hf_model.local_model(model, stack)
         tokenizer = load_tokenizer(model_dir, model, config)
         args = training_arguments(config, work)  # before the model: it switches on ZeRO-3's partitioned init
         dataset, counts = build_dataset(data, tokenizer, config, work / "datasets" / f"rank-{os.environ.get('RANK', '0')}")
         log.info("data: %d records, %d kept, skipped %s", counts["read"], counts["kept"], counts["skipped"])
 
         trainer = make_trainer(model_dir, tokenizer, dataset, args)
-        resume = _resume_point(output, Path(args.output_dir), work, config)
-        writer = None
-        if trainer.is_world_process_zero():
-            if resume and (resume / checkpoints.TENSORBOARD).is_dir():  # the curves so far, from before the restart
-                shutil.copytree(resume / checkpoints.TENSORBOARD, work / "logs", dirs_exist_ok=True)
-            writer = SummaryWriter(log_dir=str(work / "logs"))
-            trainer.add_callback(TensorBoardCallback(tb_writer=writer))
+        resume = checkpoints.resume_point(output, Path(args.output_dir), work, config.resume, bool(config.deepspeed))
         throughput = ThroughputLogger()
         throughput.install(trainer)
-        uploader = checkpoints.CheckpointUploader(output, work / "staging", config.keep_checkpoints, writer)
-        trainer.add_callback(uploader)
-        if resume:
-            log.info("resuming from checkpoint %s", resume.name)
-        else:
-            log.info("no complete checkpoint under %s: training from scratch", storage.Uri.parse(output).join("checkpoints"))
-        result = trainer.train(resume_from_checkpoint=str(resume) if resume else None)
-        uploader.wait()
-
-        final = work / "final"
-        if trainer.is_world_process_zero():
-            shutil.rmtree(final, ignore_errors=True)
-        trainer.save_model(str(final))  # gathers ZeRO-3 shards; rank 0 writes
+        result, published = checkpoints.train_resumable(trainer, output, work, resume, config.keep_checkpoints, "sft")
         report = {
             "data": counts,
             "training": {"global_step": trainer.state.global_step, "max_steps": trainer.state.max_steps,
                          "epochs": trainer.state.epoch, "resumed_from_step": int(resume.name.split("-")[-1]) if resume else 0,
-                         "checkpoints_published": uploader.published},
+                         "checkpoints_published": published},
             "metrics": summarize(throughput.history, result.metrics),
             "config": config.model_dump(mode="json"),
         }
-        if trainer.is_world_process_zero():
-            _finish_model_folder(final, tokenizer)
-            (final / "report.json").write_text(json.dumps(report, indent=2))
-            (final / "metrics.json").write_text(json.dumps(report["metrics"], indent=2))
-            shutil.copytree(work / "logs", final / "logs", dirs_exist_ok=True)
-            storage.publish_dir(final, output, meta={"stage": "sft", "global_step": trainer.state.global_step})
-            log.info("published the model to %s", output)
+        hf_model.publish_trained(trainer, tokenizer, work, output, report, "sft")
+        log.info("published the model to %s", output)
         if not work_dir:  # everything is on storage now; a failed run keeps its folder for a retry in the same pod
-            _remove_when_all_done(work)
+            hf_model.remove_when_all_done(work)
     return report
-
-
-def _remove_when_all_done(work: Path) -> None:
-    from accelerate import PartialState
-
-    state = PartialState()
-    state.wait_for_everyone()
-    if state.is_local_main_process:
-        shutil.rmtree(work, ignore_errors=True)
-
-
-def _finish_model_folder(final: Path, tokenizer: Any) -> None:
-    """Tokenizer with the training template, and a config that generates with a cache and stops at <|im_end|>."""
-    tokenizer.save_pretrained(final)
-    model_config = json.loads((final / "config.json").read_text())
-    model_config["use_cache"] = True
-    model_config["eos_token_id"] = tokenizer.eos_token_id
-    (final / "config.json").write_text(json.dumps(model_config, indent=2))
-    gen_path = final / "generation_config.json"
-    gen = json.loads(gen_path.read_text()) if gen_path.exists() else {}
-    gen.update(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
-    gen_path.write_text(json.dumps(gen, indent=2))
 
 
 # --------------------------------------------------------------------------- CLI

@@ -1,37 +1,13 @@
-"""Shared, built once per session: the tiny model, demo data, and one uninterrupted tiny-preset SFT run."""
+"""Shared, built once per session: one uninterrupted tiny-preset SFT run (tiny model and demo data: tests/conftest.py)."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from klear.common.config import load_config
-from klear.demo.generate import generate
 from klear.sft.config import SftConfig
-from klear.tiny_model.build import build
-
-DEMO_FILES = ("math.jsonl", "code.jsonl")
-
-
-@pytest.fixture(scope="session")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> str:
-    out = tmp_path_factory.mktemp("tiny-model") / "model"
-    build(str(out))
-    return str(out)
-
-
-@pytest.fixture(scope="session")
-def demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("demo") / "data"
-    generate(str(out), math_count=120, code_count=8, seed=0)
-    return out
-
-
-@pytest.fixture(scope="session")
-def demo_files(demo: Path) -> list[str]:
-    return [str(demo / name) for name in DEMO_FILES]
 
 
 @pytest.fixture(scope="session")

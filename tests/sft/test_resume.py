@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from klear.common import storage
-from klear.sft import checkpoints
+from klear.common import checkpoints
 
 
 def _sft(tiny_model: str, demo_files: list[str], output: str, work: Path, log: Path) -> subprocess.Popen:

@@ -28,7 +28,7 @@ from transformers import TrainerCallback
 
 from klear.common import storage
 
-log = logging.getLogger("klear.sft")
+log = logging.getLogger("klear.checkpoints")
 
 CHECKPOINTS = "checkpoints"
 META_FILE = "klear_checkpoint.json"  # the manifest's meta (step, world size), kept beside a downloaded checkpoint
@@ -97,6 +97,29 @@ def world_size_problem(written_by: int | None, now: int, deepspeed: bool) -> tup
                        "schedule resume, the data position is recomputed from the optimizer step for the new batch size")
 
 
+def resume_point(output: str, trainer_dir: Path, work: Path, enabled: bool, deepspeed: bool) -> Path | None:
+    """The newest complete checkpoint, downloaded once per node by its local main process; every rank gets its
+    path. Raises ValueError when DeepSpeed partitions would have to be re-split."""
+    from accelerate import PartialState
+
+    state = PartialState()
+    marker = work / "resume.json"
+    if state.is_local_main_process:
+        found = newest_checkpoint(output, trainer_dir) if enabled else None
+        marker.write_text(json.dumps({"path": str(found) if found else None}))
+    state.wait_for_everyone()
+    path = json.loads(marker.read_text())["path"]
+    if not path:
+        return None
+    meta = json.loads((Path(path) / META_FILE).read_text())
+    problem = world_size_problem(meta.get("world_size"), state.num_processes, deepspeed)
+    if problem and problem[0] == "error":
+        raise ValueError(problem[1])
+    if problem:
+        log.warning(problem[1])
+    return Path(path)
+
+
 def delete_checkpoint(output: str, step: int) -> None:
     """Manifest first, so a deletion cut short leaves an incomplete checkpoint, never a wrong complete one."""
     uri = checkpoint_uri(output, step)
@@ -122,7 +145,8 @@ def _snapshot(source: Path, target: Path) -> None:
 class CheckpointUploader(TrainerCallback):
     """Publishes each local Trainer checkpoint to `<output>/checkpoints/step-N` in the background."""
 
-    def __init__(self, output: str, staging: Path, keep: int, tensorboard: Any = None) -> None:
+    def __init__(self, output: str, staging: Path, keep: int, tensorboard: Any = None, stage: str = "sft") -> None:
+        self.stage = stage
         self.world_size = 1
         self.tensorboard = tensorboard  # rank 0's SummaryWriter, or None
         self.output = output
@@ -153,7 +177,7 @@ class CheckpointUploader(TrainerCallback):
 
     def _upload(self, snapshot: Path, step: int) -> None:
         try:
-            meta = {"stage": "sft", "global_step": step, "world_size": self.world_size}
+            meta = {"stage": self.stage, "global_step": step, "world_size": self.world_size}
             storage.publish_dir(snapshot, checkpoint_uri(self.output, step), meta=meta)
             log.info("checkpoint step %d published to %s", step, checkpoint_uri(self.output, step))
             self.published.append(step)
@@ -175,3 +199,26 @@ class CheckpointUploader(TrainerCallback):
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.wait()
+
+
+def train_resumable(trainer: Any, output: str, work: Path, resume: Path | None, keep: int, stage: str) -> tuple[Any, list[int]]:
+    """Run `trainer` from `resume` (or from scratch) with TensorBoard logs under `work/logs` (continued from the
+    checkpoint's) and checkpoints published to `<output>/checkpoints`; returns TrainOutput and published steps."""
+    from torch.utils.tensorboard import SummaryWriter
+    from transformers.integrations import TensorBoardCallback
+
+    writer = None
+    if trainer.is_world_process_zero():
+        if resume and (resume / TENSORBOARD).is_dir():  # the curves so far, from before the restart
+            shutil.copytree(resume / TENSORBOARD, work / "logs", dirs_exist_ok=True)
+        writer = SummaryWriter(log_dir=str(work / "logs"))
+        trainer.add_callback(TensorBoardCallback(tb_writer=writer))
+    uploader = CheckpointUploader(output, work / "staging", keep, writer, stage)
+    trainer.add_callback(uploader)
+    if resume:
+        log.info("resuming from checkpoint %s", resume.name)
+    else:
+        log.info("no complete checkpoint under %s: training from scratch", storage.Uri.parse(output).join(CHECKPOINTS))
+    result = trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+    uploader.wait()
+    return result, uploader.published

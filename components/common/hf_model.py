@@ -1,0 +1,93 @@
+"""Model folders and Trainer plumbing the training stages share: fetching a model, attention and
+DeepSpeed choices, and finishing the published folder so it generates and stops like it trained."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+from klear.common import storage
+
+LAUNCH_DIR = Path(__file__).resolve().parent.parent / "sft" / "launch_configs"
+
+
+class ModelInputError(ValueError):
+    """A model input that cannot be trained from; the message names the URI and what is missing."""
+
+
+def local_model(model: str, stack: contextlib.ExitStack) -> Path:
+    """A local folder with the model: a published output (checksums verified) or a plain Hugging Face folder."""
+    if storage.exists(storage.Uri.parse(model).join(storage.MANIFEST_NAME)):
+        path, _ = stack.enter_context(storage.fetch_published(model))
+    else:
+        path = stack.enter_context(storage.localize(model))
+    if not (path / "config.json").is_file():
+        raise ModelInputError(f"{model}: no config.json; expected a Hugging Face model folder")
+    return path
+
+
+def attention(choice: str) -> str:
+    """'auto': flash_attention_2 when flash-attn is installed, else sdpa."""
+    if choice != "auto":
+        return choice
+    return "flash_attention_2" if importlib.util.find_spec("flash_attn") else "sdpa"
+
+
+def deepspeed_config(choice: str) -> str | None:
+    """'' -> None, 'zero3' -> the shipped ZeRO-3 JSON, else a path that must exist."""
+    if not choice:
+        return None
+    path = str(LAUNCH_DIR / "zero3.json") if choice == "zero3" else choice
+    if not Path(path).is_file():
+        raise ModelInputError(f"DeepSpeed config not found: {choice}")
+    return path
+
+
+def has_accelerator() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def finish_model_folder(final: Path, tokenizer: Any) -> None:
+    """Tokenizer with the training template, and a config that generates with a cache and stops at the EOS."""
+    tokenizer.save_pretrained(final)
+    model_config = json.loads((final / "config.json").read_text())
+    model_config["use_cache"] = True
+    model_config["eos_token_id"] = tokenizer.eos_token_id
+    (final / "config.json").write_text(json.dumps(model_config, indent=2))
+    gen_path = final / "generation_config.json"
+    gen = json.loads(gen_path.read_text()) if gen_path.exists() else {}
+    gen.update(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    gen_path.write_text(json.dumps(gen, indent=2))
+
+
+def remove_when_all_done(work: Path) -> None:
+    """Delete the node's scratch folder once every rank is done with it."""
+    from accelerate import PartialState
+
+    state = PartialState()
+    state.wait_for_everyone()
+    if state.is_local_main_process:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def publish_trained(trainer: Any, tokenizer: Any, work: Path, output: str, report: dict[str, Any], stage: str) -> None:
+    """Gather the weights (ZeRO-3 shards too), finish the folder, add report.json, metrics.json and the
+    TensorBoard logs, and publish it to `output` (manifest last) from rank 0."""
+    final = work / "final"
+    if trainer.is_world_process_zero():
+        shutil.rmtree(final, ignore_errors=True)
+    trainer.save_model(str(final))  # every rank takes part; rank 0 writes
+    if not trainer.is_world_process_zero():
+        return
+    finish_model_folder(final, tokenizer)
+    (final / "report.json").write_text(json.dumps(report, indent=2))
+    (final / "metrics.json").write_text(json.dumps(report["metrics"], indent=2))
+    if (work / "logs").is_dir():
+        shutil.copytree(work / "logs", final / "logs", dirs_exist_ok=True)
+    storage.publish_dir(final, output, meta={"stage": stage, "global_step": trainer.state.global_step})

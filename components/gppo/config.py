@@ -1,0 +1,117 @@
+"""Config of the gppo stage. Presets: math / code (the paper's two RL runs on Qwen3-8B after SFT),
+tiny-math / tiny-code (the same code path on CPU with the tiny model)."""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+import pydantic
+
+from klear.common.config import StageConfig
+from klear.verifiers.config import VerifierConfig
+
+# Here rather than in losses.py, so that reward workers read this config without importing torch.
+LossKind = Literal["ppo_clip", "clip_higher", "cispo", "gppo"]
+Aggregation = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
+
+
+class RewardConfig(pydantic.BaseModel):
+    """How a rollout is scored. Defaults are the paper's; `official_*` switches reproduce the released code."""
+
+    model_config = pydantic.ConfigDict(extra="forbid", frozen=True)
+
+    # Paper: math is 1 when the last \boxed{} after </think> verifies, else 0; a response whose reasoning is
+    # not enclosed in <think>...</think> gets `format_penalty` instead (the paper gives no value).
+    format_penalty: float = pydantic.Field(-1.0, le=0, description="reward of a response whose reasoning is not in <think>...</think>")
+    # Official code: -0.5 when </think> is missing, -2.0 when <think> is missing (instead of format_penalty).
+    official_format_penalties: bool = False
+    # Paper: code reward = fraction of tests passed, in [0, 1]. Official code: mean of +1/-1 per test, in [-1, 1].
+    code_reward: Literal["pass_fraction", "plus_minus"] = "pass_fraction"
+    # Official code filters code groups on whether "all tests passed" varies, not on the soft reward.
+    filter_code_on_all_passed: bool = False
+    # The prompt already ends in "<think>\n" (a template that opens the think block itself).
+    think_start_in_prompt: bool = False
+
+    # Worker processes with hard wall-clock budgets: a stuck reward is killed, scored `timeout_reward`, counted.
+    workers: int = pydantic.Field(0, ge=0, description="reward processes; 0 = one per core of the CPU limit")
+    budget_s: float = pydantic.Field(60.0, gt=0, description="wall-clock budget of one rollout's reward")
+    timeout_reward: float = 0.0
+    scorer: str = pydantic.Field("klear.gppo.rewards:score_rollout",
+                                 description="module:function scoring one rollout task (tests plug in others)")
+
+
+class GppoConfig(StageConfig):
+    preset_package: ClassVar[str] = "klear.gppo"
+
+    task: Literal["math", "code"] = pydantic.Field("math", description="which verifier scores the rollouts")
+
+    # --- policy loss (paper §3: GPPO, ε_l = 0.2, ε_h = 0.28, token-level mean, no KL) ---
+    loss: LossKind = "gppo"
+    eps_low: float = pydantic.Field(0.2, gt=0, lt=1)
+    eps_high: float = pydantic.Field(0.28, gt=0)
+    beta1: float = pydantic.Field(1.0, ge=0, description="GPPO Eq. 17: scales the gradient of δ < 1−ε_l, Ã < 0 tokens")
+    beta2: float = pydantic.Field(1.0, ge=0, description="GPPO Eq. 17: scales the gradient of δ > 1+ε_h, Ã > 0 tokens")
+    dual_clip: float | None = pydantic.Field(None, gt=1, description="official code: 10 (caps negative-advantage losses)")
+    agg: Aggregation = pydantic.Field("token-mean", description="token-mean: over all tokens of the mini-batch (paper)")
+    sft_alpha: float = pydantic.Field(0.1, ge=0, description="α of the NLL term on correct rollouts (Eq. 13-14)")
+    filter_zero_advantage: bool = pydantic.Field(True, description="drop groups whose rewards are all equal (§5.2.5)")
+
+    # --- rollouts and batches (paper: 128 prompts x 8 rollouts per step, mini-batches of 16 / 32 prompts) ---
+    num_generations: int = pydantic.Field(8, ge=2, description="rollouts per prompt")
+    prompts_per_step: int = pydantic.Field(128, ge=1, description="prompts whose rollouts one generation round trains on")
+    prompts_per_update: int = pydantic.Field(16, ge=1, description="prompts per optimizer step (off-policy mini-batch)")
+    per_device_batch_size: int = pydantic.Field(8, ge=1, description="rollouts per device per forward/backward")
+    oversample: float = pydantic.Field(1.0, ge=1.0, description="extra prompts drawn per round to refill filtered groups; "
+                                       "the official runs generate for more prompts than they train on")
+    max_refill_rounds: int = pydantic.Field(2, ge=0, description="extra generation rounds when the batch is still short")
+    temperature: float = pydantic.Field(1.0, gt=0)
+    top_p: float = pydantic.Field(1.0, gt=0, le=1)
+    max_prompt_length: int = pydantic.Field(2048, ge=8)
+    max_completion_length: int = pydantic.Field(32768, ge=1)
+
+    # --- optimisation ---
+    learning_rate: float = pydantic.Field(1e-6, gt=0, description="constant: 1e-6 math, 5e-7 code")
+    max_steps: int = pydantic.Field(-1, description="optimizer steps; -1 = num_epochs over the data")
+    num_epochs: float = pydantic.Field(1.0, gt=0)
+    weight_decay: float = pydantic.Field(0.0, ge=0)
+    max_grad_norm: float = pydantic.Field(1.0, gt=0)
+    seed: int = 42
+
+    # --- engines ---
+    use_vllm: bool = pydantic.Field(True, description="vLLM rollouts (GPU); off = transformers generate (CPU)")
+    vllm_mode: Literal["colocate", "server"] = "colocate"
+    vllm_server_host: str = "0.0.0.0"
+    vllm_server_port: int = 8000
+    vllm_gpu_memory_utilization: float = pydantic.Field(0.4, gt=0, le=1)
+    vllm_is_correction: bool = pydantic.Field(True, description="truncated importance sampling: trainer vs vLLM log-probs")
+    vllm_is_cap: float = pydantic.Field(3.0, ge=1, description="cap of the importance weight π_train / π_vllm")
+    bf16: bool = True
+    gradient_checkpointing: bool = True
+    attn_implementation: Literal["auto", "flash_attention_2", "sdpa", "eager"] = "auto"
+    deepspeed: str = pydantic.Field("", description="'zero3' (shipped), a JSON path, or '' for none")
+    chat_template: Literal["model", "qwen3"] = "model"
+
+    # --- checkpoints and logs ---
+    save_steps: int = pydantic.Field(50, ge=1)
+    keep_checkpoints: int = pydantic.Field(2, ge=1)
+    resume: bool = True
+    logging_steps: int = pydantic.Field(1, ge=1)
+
+    reward: RewardConfig = RewardConfig()
+    verifier: VerifierConfig = VerifierConfig()
+
+    @pydantic.model_validator(mode="after")
+    def _batches_fit(self) -> GppoConfig:
+        if self.prompts_per_step % self.prompts_per_update:
+            raise ValueError(f"prompts_per_step {self.prompts_per_step} is not a multiple of prompts_per_update "
+                             f"{self.prompts_per_update}")
+        rollouts = self.prompts_per_update * self.num_generations
+        if rollouts % self.per_device_batch_size:
+            raise ValueError(f"a mini-batch of {rollouts} rollouts does not split into per_device_batch_size "
+                             f"{self.per_device_batch_size}")
+        return self
+
+    @property
+    def updates_per_step(self) -> int:
+        """Optimizer steps per generation round: the off-policy mini-batches of one round."""
+        return self.prompts_per_step // self.prompts_per_update

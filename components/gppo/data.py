@@ -1,0 +1,85 @@
+"""RL prompts from records: the prompt as a chat turn, plus what the verifier needs (answer or tests).
+
+Accepted records: curate's output (`prompt` plus the source row as JSON in `record`), or plain
+rows with the prompt in `prompt`, `problem` or `question`. Math rows need `answer`; code rows need
+`tests` (LiveCodeBench's {input, output, testtype}, a list or its JSON) and may name `fn_name`
+for functional problems. Rows that lack them, or whose prompt is too long, are skipped and
+counted with their file and line, never guessed at.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from klear.common.records import iter_training_records
+
+PROMPT_FIELDS = ("prompt", "problem", "question")
+SKIP_REASONS = ("no_prompt", "no_answer", "no_tests", "prompt_too_long")
+
+
+def flatten(record: dict[str, Any]) -> dict[str, Any]:
+    """Curate's rows carry the source row as JSON in `record`; its fields fill in what the row lacks."""
+    inner = record.get("record")
+    if isinstance(inner, str):
+        try:
+            parsed = json.loads(inner)
+        except ValueError:
+            parsed = None
+        if isinstance(parsed, dict):
+            return {**parsed, **{k: v for k, v in record.items() if k != "record"}}
+    return record
+
+
+def _tests(value: Any) -> list[dict[str, Any]] | None:
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return None
+    if isinstance(value, list) and value and all(isinstance(t, dict) and "input" in t and "output" in t for t in value):
+        return value
+    return None
+
+
+def rl_row(record: dict[str, Any], task: str, where: str) -> tuple[dict[str, Any] | None, str]:
+    """(training row, "") or (None, skip reason) for one record."""
+    flat = flatten(record)
+    prompt = next((flat[f] for f in PROMPT_FIELDS if isinstance(flat.get(f), str) and flat[f].strip()), None)
+    if prompt is None:
+        return None, "no_prompt"
+    row: dict[str, Any] = {"prompt": [{"role": "user", "content": prompt}], "problem_id": str(flat.get("id") or where),
+                           "answer": "", "tests": "", "fn_name": ""}
+    if task == "math":
+        answer = flat.get("answer")
+        if answer is None or not str(answer).strip():
+            return None, "no_answer"
+        row["answer"] = str(answer)
+    else:
+        tests = _tests(flat.get("tests"))
+        if tests is None:
+            return None, "no_tests"
+        row["tests"] = json.dumps(tests)  # one string column: test lists differ in shape from row to row
+        row["fn_name"] = str(flat.get("fn_name") or "")
+    return row, ""
+
+
+def load_rows(uris: Iterable[str], task: str, prompt_tokens: Callable[[list[dict[str, str]]], int],
+              max_prompt_length: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Training rows of all sources and the counts for the report (read, kept, skipped by reason, examples)."""
+    rows, skipped, examples = [], Counter(), []
+    read = 0
+    for located in iter_training_records(uris):
+        read += 1
+        row, reason = rl_row(located.record, task, located.where)
+        if row is not None and prompt_tokens(row["prompt"]) > max_prompt_length:
+            row, reason = None, "prompt_too_long"
+        if row is None:
+            skipped[reason] += 1
+            if len(examples) < 20:
+                examples.append(f"{located.where}: {reason}")
+            continue
+        rows.append(row)
+    return rows, {"read": read, "kept": len(rows), "skipped": dict(sorted(skipped.items())), "skipped_examples": examples}

@@ -1,0 +1,45 @@
+"""Per-step RL metrics: every Trainer log row kept for the report, and the summary the KFP component logs.
+
+The rows hold TRL's rollout figures (reward, reward_std, completions/mean_length, step_time), the
+trainer's (accuracy, clip_frac_low/high, ratio_mean/max, approx_kl, entropy, policy_loss, sft_nll,
+groups_filtered_frac, fill_ratio, refill_rounds, reward_timeouts) and the optimiser's (grad_norm,
+learning_rate). TensorBoard gets the same rows through its callback.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from transformers import TrainerCallback
+
+SUMMARY_KEYS = ("reward", "reward_std", "accuracy", "clip_frac_low", "clip_frac_high", "entropy", "completions/mean_length",
+                "grad_norm", "groups_filtered_frac", "fill_ratio")
+
+
+class HistoryLogger(TrainerCallback):
+    """Keeps each training log row (numbers only) with its step."""
+
+    def __init__(self) -> None:
+        self.rows: list[dict[str, float]] = []
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        if logs and "reward" in logs:
+            numbers = {k: float(v) for k, v in logs.items() if isinstance(v, (int, float)) and math.isfinite(float(v))}
+            self.rows.append({"step": float(state.global_step), **numbers})
+
+
+def summarize(rows: list[dict[str, float]], train_output: dict[str, float]) -> dict[str, float]:
+    """First and last reward, means of the tracked figures over the run, the run's totals."""
+    summary: dict[str, float] = {}
+    if rows:
+        summary["first_reward"] = rows[0].get("reward", math.nan)
+        summary["final_reward"] = rows[-1].get("reward", math.nan)
+        for key in SUMMARY_KEYS:
+            values = [r[key] for r in rows if key in r]
+            if values:
+                summary[f"mean_{key.replace('/', '_')}"] = sum(values) / len(values)
+    for key in ("train_loss", "train_runtime"):
+        if key in train_output:
+            summary[key] = float(train_output[key])
+    return {k: v for k, v in summary.items() if math.isfinite(v)}

@@ -1,0 +1,364 @@
+"""GPPO rewards: the scoring rules, the default scorer, and a pool of worker processes with hard budgets.
+
+Only a process-level kill stops CPU-bound reward code (a sympy blow-up, a stuck sandbox call); thread and
+asyncio timeouts do not. The caller is a multi-threaded trainer with torch loaded, so workers are plain
+`python -m klear.gppo._reward_worker` subprocesses (no fork), each in its own session: killing the session's
+process group on overrun takes the scorer's children with it.
+
+    with RewardPool(config.reward, config.verifier) as pool:
+        outcomes = pool.score([{"task": "math", "response": text, "answer": "4"}, ...])   # input order
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
+from typing import Literal
+
+from klear.common.parallel import resolve_workers
+from klear.gppo.config import RewardConfig
+from klear.verifiers.code_verifier import CodeResult, CodeVerifier, TestCase
+from klear.verifiers.config import VerifierConfig
+from klear.verifiers.math_verifier import extract_answer, format_ok, judge
+
+__all__ = [
+    "RewardOutcome", "RewardPool", "code_outcome", "code_reward", "failed_outcome", "format_reward_override",
+    "math_outcome", "math_reward", "math_verdict", "score_rollout", "worker_env", "worker_verifier",
+]
+
+log = logging.getLogger(__name__)
+
+START_TIMEOUT_S = 120.0  # a worker imports torch (through klear.gppo.config) and the verifiers before it is ready
+CLOSE_GRACE_S = 5.0  # on close, time for workers to shut their sandbox pools down before they are killed
+
+# Environment variables a reward worker never sees: cloud and hub credentials, tokens, keys, passwords, and
+# proxy URLs (which can carry a user:password).
+_SECRET_ENV = re.compile(
+    r"^(AWS|AZURE|GCP|GOOGLE)_|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH|(^|_)KEYS?(_|$)|PROXY", re.IGNORECASE)
+
+
+# --- scoring rules (pure) ---------------------------------------------------------------------------------
+def format_reward_override(response: str, cfg: RewardConfig) -> float | None:
+    """None when the reasoning is enclosed in `<think>...</think>`, else the format penalty that replaces the reward.
+
+    Official penalties: -2.0 without `<think>`, -0.5 with `<think>` but without `</think>`; a response that has
+    both tags yet is malformed (tags repeated, out of order, text before `<think>`) gets `format_penalty`.
+    """
+    if format_ok(response, cfg.think_start_in_prompt):
+        return None
+    if cfg.official_format_penalties:
+        if not cfg.think_start_in_prompt and "<think>" not in response:
+            return -2.0
+        if "</think>" not in response:
+            return -0.5
+    return cfg.format_penalty
+
+
+def math_reward(correct: bool, penalty: float | None) -> float:
+    """Paper: 1 for a verified answer, else 0; a format penalty replaces either."""
+    if penalty is not None:
+        return penalty
+    return 1.0 if correct else 0.0
+
+
+def code_reward(passed: int, total: int, penalty: float | None,
+                style: Literal["pass_fraction", "plus_minus"]) -> float:
+    """Paper: fraction of tests passed, in [0, 1]. Official: mean of +1 per pass and -1 per failure, in [-1, 1].
+
+    No tests at all is the worst score of the style; a format penalty replaces either.
+    """
+    if penalty is not None:
+        return penalty
+    if total == 0:
+        return 0.0 if style == "pass_fraction" else -1.0
+    if style == "pass_fraction":
+        return passed / total
+    return (2 * passed - total) / total
+
+
+@dataclass(frozen=True)
+class RewardOutcome:
+    """One rollout's score and what the trainer needs besides it."""
+
+    reward: float
+    # The answer verified (math) or every test passed (code), in a well-formatted response: the rollouts the SFT
+    # term imitates and accuracy counts. A format-penalised response is not correct, as in the official code
+    # (SFT on reward == correct score), so the NLL term never trains on the format the penalty punishes.
+    correct: bool
+    format_ok: bool
+    timed_out: bool
+    # Whose variation within a group keeps the group (zero-advantage filter): the reward, or for code with
+    # `filter_code_on_all_passed` whether the rollout is correct (official code).
+    filter_key: float
+    reason: str  # correct, wrong, format, timeout, no_program, judge_error, math extraction reasons, error: ...
+
+
+def _filter_key(kind: str, reward: float, correct: bool, cfg: RewardConfig) -> float:
+    return float(correct) if kind == "code" and cfg.filter_code_on_all_passed else reward
+
+
+def math_outcome(response: str, verdict: str, cfg: RewardConfig) -> RewardOutcome:
+    """Outcome of a math rollout whose answer got `verdict` ("correct", "wrong", or why it was not judged)."""
+    penalty = format_reward_override(response, cfg)
+    reward = math_reward(verdict == "correct", penalty)
+    correct = verdict == "correct" and penalty is None
+    return RewardOutcome(reward, correct, penalty is None, False, _filter_key("math", reward, correct, cfg),
+                         "format" if penalty is not None else verdict)
+
+
+def code_outcome(response: str, result: CodeResult, cfg: RewardConfig) -> RewardOutcome:
+    """Outcome of a code rollout whose program got `result` from the code verifier."""
+    penalty = format_reward_override(response, cfg)
+    reward = code_reward(result.passed, result.total, penalty, cfg.code_reward)
+    correct = result.all_passed and penalty is None
+    if penalty is not None:
+        reason = "format"
+    elif not result.program_found:
+        reason = "no_program"
+    else:
+        reason = "correct" if result.all_passed else "wrong"
+    return RewardOutcome(reward, correct, penalty is None, False, _filter_key("code", reward, correct, cfg), reason)
+
+
+def failed_outcome(task: Mapping, cfg: RewardConfig, reason: str, timed_out: bool) -> RewardOutcome:
+    """A rollout that could not be scored (budget overrun, crash): `timeout_reward`, never correct."""
+    fmt = format_reward_override(task.get("response") or "", cfg) is None
+    return RewardOutcome(cfg.timeout_reward, False, fmt, timed_out,
+                         _filter_key(task.get("task", ""), cfg.timeout_reward, False, cfg), reason)
+
+
+# --- the default scorer (runs inside a worker process) --------------------------------------------------
+def math_verdict(response: str, gold: str, verifier: VerifierConfig) -> str:
+    """"correct", "wrong", "judge_error", or the extraction's reason for judging nothing (no_box, ...).
+
+    Calls math-verify directly: the worker's main thread is where its SIGALRM timeouts work.
+    """
+    ext = extract_answer(response, verifier.think_end, verifier.require_think_end, verifier.require_box)
+    if ext.answer is None or ext.reason == "conflicting_boxes":
+        return ext.reason
+    try:
+        ok = judge(gold, ext.answer, boxed=ext.reason == "ok", timeout=verifier.math_timeout_s)
+    except Exception:  # noqa: BLE001 - an answer math-verify cannot handle is wrong, not a crashed scorer
+        return "judge_error"
+    return "correct" if ok else "wrong"
+
+
+_code_verifier: CodeVerifier | None = None
+
+
+def _code_verifier_for(verifier: VerifierConfig) -> CodeVerifier:
+    """This process's code verifier: its sandbox zygotes start once, on the first code rollout."""
+    global _code_verifier
+    if _code_verifier is None or _code_verifier.config != verifier:
+        if _code_verifier is not None:
+            _code_verifier.close()
+        _code_verifier = CodeVerifier(verifier)
+        atexit.register(_code_verifier.close)  # a worker told to stop removes its sandbox folders
+    return _code_verifier
+
+
+def score_rollout(task: dict, cfg: RewardConfig, verifier: VerifierConfig) -> RewardOutcome:
+    """The default scorer: math through math-verify, code through the sandboxed code verifier (all tests run)."""
+    response = task["response"]
+    if task["task"] == "math":
+        return math_outcome(response, math_verdict(response, task["answer"], verifier), cfg)
+    if task["task"] == "code":
+        tests = [TestCase.from_dict(t) for t in task["tests"]]
+        result = _code_verifier_for(verifier).verify_response(
+            response, tests, task.get("fn_name"), mode="all", problem_id=task.get("problem_id", ""))
+        return code_outcome(response, result, cfg)
+    raise ValueError(f"unknown task kind {task['task']!r} (expected math or code)")
+
+
+# --- worker processes ---------------------------------------------------------------------------------
+def worker_env(environ: Mapping[str, str], sys_path: list[str]) -> dict[str, str]:
+    """A worker's environment: the caller's without secrets, and PYTHONPATH = the caller's sys.path (so a scorer
+    importable here, such as a test helper, is importable there)."""
+    env = {k: v for k, v in environ.items() if not _SECRET_ENV.search(k)}
+    env["PYTHONPATH"] = os.pathsep.join(os.path.abspath(p) if p else os.getcwd() for p in sys_path)
+    return env
+
+
+def worker_verifier(verifier: VerifierConfig, index: int, workers: int, cores: int) -> VerifierConfig:
+    """Worker `index`'s verifier settings: its share of the sandbox slots, and slot uids no other worker uses.
+
+    Every worker runs its own sandbox pool: `code_workers` = 0 would give each one a slot per core (cores²
+    programs at once), and equal uids would let two workers' concurrent programs share RLIMIT_NPROC and signal
+    each other.
+    """
+    slots = verifier.code_workers or max(1, cores // workers)
+    base = verifier.slot_uid_base
+    return verifier.model_copy(update={"code_workers": slots,
+                                       "slot_uid_base": None if base is None else base + index * slots})
+
+
+class _Worker:
+    """One reward worker process and the pipes to it; `ready` once it has loaded its scorer."""
+
+    def __init__(self, setup: tuple[str, str], env: dict[str, str]):
+        self.setup, self.env = setup, env
+        self.start()
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "klear.gppo._reward_worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            env=self.env, close_fds=True, start_new_session=True)
+        self.conn = Connection(os.dup(self.proc.stdout.fileno()), writable=False)
+        self.out = Connection(os.dup(self.proc.stdin.fileno()), readable=False)
+        self.proc.stdin.close()
+        self.proc.stdout.close()
+        self.ready = False
+        self.start_deadline = time.monotonic() + START_TIMEOUT_S
+        with contextlib.suppress(OSError):  # a worker that died at once is reported when its reply is read
+            self.out.send(self.setup)
+
+    def kill(self) -> int:
+        """SIGKILL the worker's process group; returns the worker's exit status."""
+        if self.proc.returncode is None:  # not reaped yet, so its group id cannot have been reused
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        status = self.proc.wait()
+        self.conn.close()
+        self.out.close()
+        return status
+
+    def restart(self) -> int:
+        status = self.kill()
+        self.start()
+        return status
+
+
+class RewardPool:
+    """Score rollouts on worker processes running `cfg.scorer`; every rollout is scored within `cfg.budget_s`.
+
+    A worker that overruns is killed with its children and replaced (outcome: timed_out, `timeout_reward`);
+    a scorer that raises or a worker that dies gives an "error: ..." outcome with `timeout_reward`. Workers
+    start on the first `score()`; one that cannot start raises RuntimeError.
+    """
+
+    def __init__(self, cfg: RewardConfig, verifier: VerifierConfig):
+        self.cfg, self.verifier = cfg, verifier
+        self.workers = resolve_workers(cfg.workers)
+        self.timeouts = self.errors = 0  # over the pool's life
+        self.last_timeouts = self.last_errors = 0  # in the latest score()
+        self._env = worker_env(os.environ, sys.path)
+        self._procs: list[_Worker] = []
+        self._lock = threading.Lock()
+
+    def score(self, tasks: list[dict]) -> list[RewardOutcome]:
+        """Outcomes of `tasks`, in the same order."""
+        with self._lock:
+            try:
+                if not self._procs:
+                    self._start()
+                return self._run(tasks)
+            except BaseException:
+                self.close()  # no worker is left holding a task whose reply the next call would misread
+                raise
+
+    def _start(self) -> None:
+        cfg_json, cores = self.cfg.model_dump_json(), resolve_workers(0)
+        self._procs = [
+            _Worker((cfg_json, worker_verifier(self.verifier, i, self.workers, cores).model_dump_json()), self._env)
+            for i in range(self.workers)]
+        for w in self._procs:
+            if not w.conn.poll(max(0.0, w.start_deadline - time.monotonic())):
+                raise RuntimeError(f"reward worker did not start within {START_TIMEOUT_S:.0f} s")
+            self._on_ready_reply(w)
+
+    def _on_ready_reply(self, w: _Worker) -> None:
+        try:
+            status, detail = w.conn.recv()
+        except (EOFError, OSError):
+            status, detail = "exited", f"exit status {w.kill()} (its stderr is above)"
+        if status != "ready":
+            raise RuntimeError(f"reward worker failed to start with scorer {self.cfg.scorer!r}: {detail}")
+        w.ready = True
+
+    def _reply(self, w: _Worker, task: dict) -> tuple[RewardOutcome, bool]:
+        """The worker's outcome for `task` and whether it is an error; a dead worker is replaced."""
+        try:
+            status, value = w.conn.recv()
+        except (EOFError, OSError):
+            reason = f"error: reward worker died (exit status {w.restart()})"
+            return failed_outcome(task, self.cfg, reason, timed_out=False), True
+        if status == "ok":
+            return RewardOutcome(**value), False
+        return failed_outcome(task, self.cfg, f"error: {value}", timed_out=False), True
+
+    def _run(self, tasks: list[dict]) -> list[RewardOutcome]:
+        outcomes: list[RewardOutcome | None] = [None] * len(tasks)
+        todo = deque(range(len(tasks)))
+        busy: dict[_Worker, tuple[int, float]] = {}  # worker -> (task index, deadline)
+        timeouts, errors = 0, []
+        while todo or busy:
+            for w in self._procs:
+                if todo and w.ready and w not in busy:
+                    try:
+                        w.out.send(tasks[todo[0]])
+                    except OSError:  # died while idle: replace it, the task waits for another worker
+                        w.restart()
+                        continue
+                    busy[w] = (todo.popleft(), time.monotonic() + self.cfg.budget_s)
+            starting = [w for w in self._procs if not w.ready]
+            deadlines = [d for _, d in busy.values()] + [w.start_deadline for w in starting]
+            by_conn = {w.conn: w for w in (*busy, *starting)}
+            for conn in wait(list(by_conn), timeout=max(0.0, min(deadlines) - time.monotonic())):
+                w = by_conn[conn]
+                if not w.ready:
+                    self._on_ready_reply(w)
+                    continue
+                i, _ = busy.pop(w)
+                outcomes[i], failed = self._reply(w, tasks[i])
+                if failed:
+                    errors.append(outcomes[i].reason)
+            now = time.monotonic()
+            for w, (i, deadline) in list(busy.items()):
+                if deadline <= now:
+                    del busy[w]
+                    outcomes[i] = failed_outcome(tasks[i], self.cfg, "timeout", timed_out=True)
+                    timeouts += 1
+                    w.restart()
+            if any(not w.ready and w.start_deadline <= now for w in starting):
+                raise RuntimeError(f"a replacement reward worker did not start within {START_TIMEOUT_S:.0f} s")
+        self._count(timeouts, errors)
+        return outcomes  # type: ignore[return-value]
+
+    def _count(self, timeouts: int, errors: list[str]) -> None:
+        self.last_timeouts, self.last_errors = timeouts, len(errors)
+        self.timeouts += timeouts
+        self.errors += len(errors)
+        if timeouts:
+            log.warning("%d rollout(s) overran the %.1f s reward budget: scored %s, workers replaced", timeouts,
+                        self.cfg.budget_s, self.cfg.timeout_reward)
+        if errors:
+            log.warning("%d rollout(s) could not be scored (first: %s)", len(errors), errors[0])
+
+    def close(self) -> None:
+        """Ask every worker to stop (EOF), give them a moment to shut their sandboxes, then kill what is left."""
+        for w in self._procs:
+            w.out.close()
+        deadline = time.monotonic() + CLOSE_GRACE_S
+        for w in self._procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                w.proc.wait(max(0.0, deadline - time.monotonic()))
+            w.kill()
+        self._procs = []
+
+    def __enter__(self) -> RewardPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

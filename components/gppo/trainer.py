@@ -1,0 +1,290 @@
+"""GppoTrainer: TRL's GRPOTrainer (pinned) with our policy loss, the SFT term and over-sampled batches.
+
+TRL generates the rollouts (vLLM on GPU, transformers on CPU), calls the reward function, computes
+group-relative advantages and splits one generation round into off-policy mini-batches. This
+subclass changes two things:
+
+* `_generate_and_score_completions`: drops groups whose rewards are all equal and refills the batch
+  from further prompts (batching.py), and records which rollouts are correct (for the SFT term);
+* `_compute_loss`: `policy_loss` (ppo_clip / clip_higher / cispo / gppo) normalised over the kept
+  tokens of the mini-batch like TRL's `dapo`, times vLLM's truncated importance weights, plus
+  α × NLL of the correct rollouts.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from trl import GRPOConfig, GRPOTrainer
+
+from klear.gppo.batching import gather_rows, pick_groups, shortfall, varied_groups
+from klear.gppo.config import GppoConfig
+from klear.gppo.losses import policy_loss, sft_loss
+
+if TYPE_CHECKING:
+    from klear.gppo.rewards import RewardOutcome, RewardPool
+
+log = logging.getLogger("klear.gppo")
+
+STATE_FILE = "gppo_state.json"  # refill-stream position, beside TRL's files in every checkpoint
+
+
+class PromptStream:
+    """The prompts refill rounds draw from: a seeded permutation of the dataset, this rank's share of
+    it, endlessly; its position is saved with every checkpoint so a resumed run draws the same prompts."""
+
+    def __init__(self, size: int, seed: int, rank: int = 0, world_size: int = 1) -> None:
+        self.size, self.seed, self.rank, self.world_size = size, seed, rank, world_size
+        self.position = 0
+
+    def take(self, count: int) -> list[int]:
+        taken = []
+        for _ in range(count):
+            epoch, offset = divmod(self.position * self.world_size + self.rank, self.size)
+            taken.append(int(self._permutation(epoch)[offset]))
+            self.position += 1
+        return taken
+
+    def _permutation(self, epoch: int) -> torch.Tensor:
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+        return torch.randperm(self.size, generator=generator)
+
+    def state_dict(self) -> dict[str, int]:
+        return {"position": self.position}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.position = int(state["position"])
+
+
+class VerifierReward:
+    """TRL reward function that scores rollouts in the reward pool; keeps each call's outcomes for the trainer."""
+
+    __name__ = "verifier"
+
+    def __init__(self, pool: RewardPool, task: str) -> None:
+        self.pool, self.task = pool, task
+        self.outcomes: list[RewardOutcome] = []
+
+    def __call__(self, prompts: list, completions: list, completion_ids: list, **columns: Any) -> list[float]:
+        tasks = [rollout_task(self.task, completion_text(c), {k: columns[k][i] for k in ("answer", "tests", "fn_name", "problem_id")
+                                                               if k in columns}) for i, c in enumerate(completions)]
+        self.outcomes = self.pool.score(tasks)
+        return [o.reward for o in self.outcomes]
+
+
+def completion_text(completion: Any) -> str:
+    """TRL passes a string, or for chat prompts a list with the assistant message."""
+    if isinstance(completion, str):
+        return completion
+    return "".join(m["content"] for m in completion if m.get("role", "assistant") == "assistant")
+
+
+def rollout_task(task: str, response: str, row: dict[str, Any]) -> dict[str, Any]:
+    """One scorer task: the response and what the verifier needs from the data row."""
+    tests = row.get("tests")
+    return {"task": task, "response": response, "answer": row.get("answer"),
+            "tests": json.loads(tests) if isinstance(tests, str) and tests else (tests or None),
+            "fn_name": row.get("fn_name") or None, "problem_id": str(row.get("problem_id", ""))}
+
+
+def grpo_arguments(cfg: GppoConfig, output_dir: Path, world_size: int, use_cpu: bool, deepspeed: str | None,
+                   attn_implementation: str) -> GRPOConfig:
+    """TRL's config for the paper's batch layout: one generation round of `prompts_per_step` prompts,
+    trained on as `updates_per_step` optimizer steps of `prompts_per_update` prompts each."""
+    rollouts_per_update = cfg.prompts_per_update * cfg.num_generations
+    per_step = cfg.per_device_batch_size * world_size
+    if rollouts_per_update % per_step or cfg.prompts_per_step % world_size:
+        raise ValueError(f"{rollouts_per_update} rollouts per update (prompts_per_update x num_generations) and "
+                         f"prompts_per_step {cfg.prompts_per_step} must split evenly over {world_size} processes x "
+                         f"per_device_batch_size {cfg.per_device_batch_size}")
+    accumulation = rollouts_per_update // per_step
+    return GRPOConfig(
+        output_dir=str(output_dir),
+        per_device_train_batch_size=cfg.per_device_batch_size,
+        gradient_accumulation_steps=accumulation,
+        steps_per_generation=accumulation * cfg.updates_per_step,
+        num_generations=cfg.num_generations,
+        num_iterations=1,
+        learning_rate=cfg.learning_rate,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=cfg.weight_decay,
+        max_grad_norm=cfg.max_grad_norm,
+        max_steps=cfg.max_steps,
+        num_train_epochs=cfg.num_epochs,
+        seed=cfg.seed,
+        beta=0.0,  # no KL term, no reference model
+        loss_type="dapo",  # TRL's token-level normalisation; our _compute_loss replaces the loss itself
+        epsilon=cfg.eps_low,
+        epsilon_high=cfg.eps_high,
+        scale_rewards="group",
+        temperature=cfg.temperature,
+        top_p=cfg.top_p,
+        max_completion_length=cfg.max_completion_length,
+        use_vllm=cfg.use_vllm,
+        vllm_mode=cfg.vllm_mode,
+        vllm_server_host=cfg.vllm_server_host,
+        vllm_server_port=cfg.vllm_server_port,
+        vllm_gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
+        vllm_importance_sampling_correction=cfg.vllm_is_correction,
+        vllm_importance_sampling_mode="token_truncate",  # per-token weights: batching.py re-pads them per token
+        vllm_importance_sampling_clip_max=cfg.vllm_is_cap,
+        bf16=cfg.bf16,
+        gradient_checkpointing=cfg.gradient_checkpointing,
+        gradient_checkpointing_kwargs={"use_reentrant": False} if cfg.gradient_checkpointing else None,
+        model_init_kwargs={"dtype": "bfloat16" if cfg.bf16 else "float32", "attn_implementation": attn_implementation},
+        deepspeed=deepspeed,
+        logging_steps=cfg.logging_steps,
+        save_strategy="steps",
+        save_steps=cfg.save_steps,
+        save_total_limit=2,
+        report_to="none",
+        disable_tqdm=True,
+        log_completions=False,
+        use_cpu=use_cpu,
+    )
+
+
+class GppoTrainer(GRPOTrainer):
+    def __init__(self, *args: Any, gppo: GppoConfig, reward: VerifierReward, **kwargs: Any) -> None:
+        self.gppo = gppo
+        self.verifier_reward = reward
+        super().__init__(*args, reward_funcs=[reward], **kwargs)
+        self.refill = PromptStream(len(self.train_dataset), gppo.seed, self.accelerator.process_index,
+                                   self.accelerator.num_processes)
+        self.fill_ratios: list[float] = []
+        self.reward_timeouts = 0
+
+    # ------------------------------------------------------------------ rollouts
+
+    def _refill_rows(self, prompts: int) -> list[dict[str, Any]]:
+        rows = []
+        for index in self.refill.take(prompts):
+            rows.extend([dict(self.train_dataset[index])] * self.num_generations)
+        return rows
+
+    def _global_sum(self, value: torch.Tensor | float) -> torch.Tensor:
+        local = torch.as_tensor(value, dtype=torch.float32, device=self.accelerator.device).reshape(1)
+        return self.accelerator.gather(local).sum()
+
+    def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+        if not self.model.training:
+            return super()._generate_and_score_completions(inputs)
+        cfg, group = self.gppo, self.num_generations
+        if len(inputs) % group:
+            raise ValueError(f"{len(inputs)} rollouts on this rank do not form whole groups of {group}")
+        quota = len(inputs) // group
+        filtering = cfg.filter_zero_advantage
+        rows = inputs + (self._refill_rows(math.ceil((cfg.oversample - 1) * quota)) if filtering else [])
+        rounds: list[dict[str, Any]] = []
+        informative: list[list[bool]] = []
+        timeouts = correct_first = 0.0
+        while True:
+            out = super()._generate_and_score_completions(rows)
+            outcomes = self.verifier_reward.outcomes
+            device = out["advantages"].device
+            out["correct"] = torch.tensor([o.correct for o in outcomes], dtype=torch.float32, device=device)
+            keys = torch.tensor([o.filter_key for o in outcomes], dtype=torch.float64)
+            informative.append(varied_groups(keys, group).tolist())
+            timeouts += sum(o.timed_out for o in outcomes)
+            if not rounds:
+                correct_first = float(out["correct"].mean())
+            rounds.append(out)
+            if not filtering or len(rounds) > cfg.max_refill_rounds:
+                break
+            found = sum(sum(flags) for flags in informative)
+            counts = self.accelerator.gather(torch.tensor([found], device=device)).tolist()
+            missing = shortfall(counts, quota)
+            if missing == 0:
+                break
+            rows = self._refill_rows(math.ceil(missing * cfg.oversample))
+
+        picks = pick_groups(informative, quota, filtering)
+        batch = gather_rows(rounds, [(p.round, p.group * group + i) for p in picks for i in range(group)],
+                            self._tokenizer.pad_token_id)
+        keep = torch.tensor([p.informative or not filtering for p in picks], device=batch["completion_mask"].device)
+        loss_mask = batch["completion_mask"] * keep.repeat_interleave(group).unsqueeze(1)
+        if "tool_mask" in batch:
+            loss_mask = loss_mask * batch["tool_mask"]
+        batch["loss_mask"] = loss_mask
+        batch["num_items_in_batch"] = self._global_sum(loss_mask.sum())
+        batch["num_seqs_in_batch"] = self._global_sum((loss_mask.sum(-1) > 0).sum())
+        batch["num_sft_items"] = self._global_sum((loss_mask * batch["correct"].unsqueeze(1)).sum())
+
+        generated_groups = self._global_sum(sum(len(flags) for flags in informative))
+        uninformative = self._global_sum(sum(flags.count(False) for flags in informative))
+        fill = float(self._global_sum(sum(p.informative for p in picks)) / self._global_sum(quota))
+        self.fill_ratios.append(fill)
+        self.reward_timeouts += int(self._global_sum(timeouts))
+        metrics = self._metrics["train"]
+        metrics["accuracy"].append(float(self._global_sum(correct_first)) / self.accelerator.num_processes)
+        metrics["groups_filtered_frac"].append(float(uninformative / generated_groups))
+        metrics["fill_ratio"].append(fill)
+        metrics["refill_rounds"].append(len(rounds) - 1)
+        metrics["reward_timeouts"].append(float(self._global_sum(timeouts)))
+        return batch
+
+    # ------------------------------------------------------------------ loss
+
+    def _compute_loss(self, model: Any, inputs: dict[str, Any]) -> torch.Tensor:
+        cfg = self.gppo
+        prompt_ids, completion_ids = inputs["prompt_ids"], inputs["completion_ids"]
+        input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+        attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+        logps, entropies, _ = self._get_per_token_logps_and_entropies(
+            model, input_ids, attention_mask, completion_ids.size(1), compute_entropy=True)
+        mask = inputs["loss_mask"] if "loss_mask" in inputs else inputs["completion_mask"]
+        old_logps = inputs.get("old_per_token_logps")
+        old_logps = logps.detach() if old_logps is None else old_logps
+        mean_loss, stats = policy_loss(
+            cfg.loss, logps, old_logps, inputs["advantages"], mask, eps_low=cfg.eps_low, eps_high=cfg.eps_high,
+            beta1=cfg.beta1, beta2=cfg.beta2, dual_clip=cfg.dual_clip, agg=cfg.agg,
+            token_weights=inputs.get("importance_sampling_ratio"))
+        # policy_loss averages over this micro-batch; rescale so the mini-batch's micro-batches and ranks
+        # together average over all of its kept tokens (TRL's `dapo` normalisation).
+        mode = "train" if self.model.training else "eval"
+        window = self.accelerator.num_processes
+        if mode == "train":
+            window /= self.current_gradient_accumulation_steps / self.args.steps_per_generation
+        if cfg.agg == "token-mean":
+            local, total = mask.sum(), inputs["num_items_in_batch"]
+        else:
+            local, total = (mask.sum(-1) > 0).sum(), inputs["num_seqs_in_batch"]
+        loss = mean_loss * local / (total / window).clamp(min=1.0)
+        nll = torch.zeros((), device=logps.device)
+        if cfg.sft_alpha > 0 and "correct" in inputs:
+            nll = sft_loss(logps, mask, inputs["correct"])
+            sft_tokens = (mask * inputs["correct"].unsqueeze(1)).sum()
+            loss = loss + cfg.sft_alpha * nll * sft_tokens / (inputs["num_sft_items"] / window).clamp(min=1.0)
+
+        metrics = self._metrics[mode]
+        for name, value in stats.items():
+            metrics[name].append(value)
+        metrics["policy_loss"].append(float(mean_loss.detach()))
+        metrics["sft_nll"].append(float(nll.detach()))
+        tokens = inputs["completion_mask"]
+        metrics["entropy"].append(float((entropies.detach() * tokens).sum() / tokens.sum().clamp(min=1)))
+        return loss
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def _save_checkpoint(self, model: Any, trial: Any) -> None:
+        super()._save_checkpoint(model, trial)
+        if self.args.should_save:
+            folder = Path(self._get_output_dir(trial=trial)) / f"checkpoint-{self.state.global_step}"
+            state = {"refill": self.refill.state_dict(), "reward_timeouts": self.reward_timeouts}
+            (folder / STATE_FILE).write_text(json.dumps(state))
+
+    def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
+        super()._load_optimizer_and_scheduler(checkpoint)
+        path = Path(checkpoint) / STATE_FILE if checkpoint else None
+        if path is not None and path.is_file():
+            state = json.loads(path.read_text())
+            self.refill.load_state_dict(state["refill"])
+            self.reward_timeouts = int(state.get("reward_timeouts", 0))
+            log.info("refill stream resumed at position %d", self.refill.position)
