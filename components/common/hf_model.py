@@ -12,7 +12,7 @@ from typing import Any
 
 from klear.common import storage
 
-LAUNCH_DIR = Path(__file__).resolve().parent.parent / "sft" / "launch_configs"
+LAUNCH_DIR = Path(__file__).resolve().parent / "launch_configs"
 
 
 class ModelInputError(ValueError):
@@ -76,9 +76,10 @@ def remove_when_all_done(work: Path) -> None:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def publish_trained(trainer: Any, tokenizer: Any, work: Path, output: str, report: dict[str, Any], stage: str) -> None:
-    """Gather the weights (ZeRO-3 shards too), finish the folder, add report.json, metrics.json and the
-    TensorBoard logs, and publish it to `output` (manifest last) from rank 0."""
+def publish_trained(trainer: Any, tokenizer: Any, work: Path, output: str, report: dict[str, Any], stage: str,
+                    markdown: str = "") -> None:
+    """Gather the weights (ZeRO-3 shards too), finish the folder, add report.json, metrics.json, report.md and
+    the TensorBoard logs, and publish it to `output` (manifest last) from rank 0."""
     final = work / "final"
     if trainer.is_world_process_zero():
         shutil.rmtree(final, ignore_errors=True)
@@ -88,6 +89,8 @@ def publish_trained(trainer: Any, tokenizer: Any, work: Path, output: str, repor
     finish_model_folder(final, tokenizer)
     (final / "report.json").write_text(json.dumps(report, indent=2))
     (final / "metrics.json").write_text(json.dumps(report["metrics"], indent=2))
+    if markdown:
+        (final / "report.md").write_text(markdown)
     if (work / "logs").is_dir():
         shutil.copytree(work / "logs", final / "logs", dirs_exist_ok=True)
     storage.publish_dir(final, output, meta={"stage": stage, "global_step": trainer.state.global_step})

@@ -18,13 +18,14 @@ SUMMARY_KEYS = ("reward", "reward_std", "accuracy", "clip_frac_low", "clip_frac_
 
 
 class HistoryLogger(TrainerCallback):
-    """Keeps each training log row (numbers only) with its step."""
+    """Keeps each training log row (numbers only) with its step. Rollout figures (reward, accuracy, ...) are
+    in the rows of the steps that generated; every row has the update's figures (clip fractions, grad norm)."""
 
     def __init__(self) -> None:
         self.rows: list[dict[str, float]] = []
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
-        if logs and "reward" in logs:
+        if logs and "loss" in logs:
             numbers = {k: float(v) for k, v in logs.items() if isinstance(v, (int, float)) and math.isfinite(float(v))}
             self.rows.append({"step": float(state.global_step), **numbers})
 
@@ -32,9 +33,10 @@ class HistoryLogger(TrainerCallback):
 def summarize(rows: list[dict[str, float]], train_output: dict[str, float]) -> dict[str, float]:
     """First and last reward, means of the tracked figures over the run, the run's totals."""
     summary: dict[str, float] = {}
+    rewards = [r["reward"] for r in rows if "reward" in r]
+    if rewards:
+        summary["first_reward"], summary["final_reward"] = rewards[0], rewards[-1]
     if rows:
-        summary["first_reward"] = rows[0].get("reward", math.nan)
-        summary["final_reward"] = rows[-1].get("reward", math.nan)
         for key in SUMMARY_KEYS:
             values = [r[key] for r in rows if key in r]
             if values:

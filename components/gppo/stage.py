@@ -1,7 +1,7 @@
 """Entry point of the gppo stage: RL with GPPO (or PPO-clip / clip-higher / CISPO for ablations).
 
     klear gppo --model URI --data URI [URI ...] --output URI [--config math|code|tiny-math|tiny-code|FILE] [--set KEY=VALUE]
-    accelerate launch --config_file components/sft/launch_configs/zero3.yaml -m klear.cli gppo ...   (many GPUs/nodes)
+    accelerate launch --config_file components/common/launch_configs/zero3.yaml -m klear.cli gppo ...   (many GPUs/nodes)
 
 The paper runs it twice: math RL from the SFT model (`--config math`), then code RL from the math
 RL model (`--config code`). Rollouts are scored by the shared verifiers in worker processes with
@@ -36,6 +36,7 @@ from klear.common.config import load_config  # noqa: E402
 from klear.gppo.config import GppoConfig  # noqa: E402
 from klear.gppo.data import load_rows  # noqa: E402
 from klear.gppo.metrics import HistoryLogger, summarize  # noqa: E402
+from klear.gppo.report import render_markdown  # noqa: E402
 
 log = logging.getLogger("klear.gppo")
 
@@ -117,7 +118,7 @@ def run(model: str, data: list[str], output: str, config: GppoConfig, work_dir: 
             "metrics": {**summarize(history.rows, result.metrics), "reward_timeouts": float(trainer.reward_timeouts)},
             "config": config.model_dump(mode="json"),
         }
-        hf_model.publish_trained(trainer, tokenizer, work, output, report, "gppo")
+        hf_model.publish_trained(trainer, tokenizer, work, output, report, "gppo", render_markdown(report))
         if not work_dir:  # everything is on storage now; a failed run keeps its folder for a retry in the same pod
             hf_model.remove_when_all_done(work)
     return report

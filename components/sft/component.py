@@ -1,9 +1,5 @@
-"""KFP component of the sft stage: a thin wrapper around `klear.sft.stage.run`.
-
-`gpus_per_node` 0 (CPU, kfp.local, tests): the stage runs in this process. One node with GPUs: one
-`accelerate launch` process per GPU in this pod. More nodes: a Kubeflow Trainer job runs the same
-command on every node; this pod creates it, streams its logs and fails if it fails.
-"""
+"""KFP component of the sft stage: a thin wrapper around `klear.sft.stage.run`, launched on CPU, one GPU
+node or several nodes as `klear.common.launch.run_training_stage` describes."""
 
 from kfp import dsl
 from kfp.dsl import Dataset, Input, Markdown, Metrics, Model, Output
@@ -26,30 +22,14 @@ def sft(
     metrics: Output[Metrics],
 ):
     """Long-CoT SFT of `base_model` on `data` (assistant-only loss, packing, checkpoints to object storage)."""
-    import json
-    import subprocess
-
-    from klear.common import kfp_io, storage
-    from klear.common.config import load_config
-    from klear.sft.config import SftConfig
-    from klear.sft.launch import accelerate_command
+    from klear.common import kfp_io
+    from klear.common.launch import run_training_stage
     from klear.sft.report import metric_items, render_markdown
-    from klear.sft.stage import run
 
     # A fixed location under run_root keeps a retried pod resuming from the same checkpoints.
     target = kfp_io.output_location(model, run_root, run_id, "sft")
-    model_uri, data_uri = kfp_io.input_location(base_model), kfp_io.input_location(data)
-    if nodes > 1:
-        from klear.sft.trainjob import run_trainjob
-
-        run_trainjob(model_uri, [data_uri], target, preset, list(overrides), nodes, gpus_per_node, run_id)
-        report = json.loads(storage.read_bytes(storage.Uri.parse(target).join("report.json")))
-    elif gpus_per_node > 0:
-        subprocess.run(accelerate_command(model_uri, [data_uri], target, preset, list(overrides), gpus_per_node),
-                       check=True)
-        report = json.loads(storage.read_bytes(storage.Uri.parse(target).join("report.json")))
-    else:
-        report = run(model_uri, [data_uri], target, load_config(SftConfig, preset, overrides))
+    report = run_training_stage("sft", kfp_io.input_location(base_model), [kfp_io.input_location(data)], target, preset,
+                                list(overrides), gpus_per_node, nodes, run_id)
     kfp_io.record_output(model, target, {"global_step": report["training"]["global_step"],
                                          "kept": report["data"]["kept"]})
     with open(summary.path, "w") as fh:

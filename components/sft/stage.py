@@ -1,7 +1,7 @@
 """Entry point of the sft stage: long-CoT supervised fine-tuning on TRL's SFTTrainer.
 
     klear sft --model URI --data URI [URI ...] --output URI [--config paper|tiny|FILE] [--set KEY=VALUE]
-    accelerate launch --config_file components/sft/launch_configs/zero3.yaml -m klear.cli sft ...   (many GPUs/nodes)
+    accelerate launch --config_file components/common/launch_configs/zero3.yaml -m klear.cli sft ...   (many GPUs/nodes)
 
 Trains on the assistant turns only (reasoning in <think>...</think> and the answer, up to and
 including <|im_end|>, the EOS), packs samples padding-free with per-sample position ids, and
@@ -175,6 +175,7 @@ def make_trainer(model_dir: Path, tokenizer: Any, dataset: Any, args: Any) -> An
 def run(model: str, data: list[str], output: str, config: SftConfig, work_dir: str | None = None) -> dict[str, Any]:
     """Fine-tune `model` on `data`, publish the model and report to `output`; returns the report."""
     from klear.sft.metrics import ThroughputLogger, summarize
+    from klear.sft.report import render_markdown
 
     with contextlib.ExitStack() as stack:
         # One folder for all ranks of a node: a checkpoint is the union of what every rank writes there.
@@ -199,7 +200,7 @@ def run(model: str, data: list[str], output: str, config: SftConfig, work_dir: s
             "metrics": summarize(throughput.history, result.metrics),
             "config": config.model_dump(mode="json"),
         }
-        hf_model.publish_trained(trainer, tokenizer, work, output, report, "sft")
+        hf_model.publish_trained(trainer, tokenizer, work, output, report, "sft", render_markdown(report))
         log.info("published the model to %s", output)
         if not work_dir:  # everything is on storage now; a failed run keeps its folder for a retry in the same pod
             hf_model.remove_when_all_done(work)

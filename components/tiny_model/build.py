@@ -23,7 +23,10 @@ from klear.common import storage
 from klear.sft.chat_template import END_OF_TURN, QWEN3_CHAT_TEMPLATE, START_OF_TURN, THINK_CLOSE, THINK_OPEN
 
 PAD = "<|endoftext|>"
-SPECIAL_TOKENS = (PAD, START_OF_TURN, END_OF_TURN, THINK_OPEN, THINK_CLOSE)
+SPECIAL_TOKENS = (PAD, START_OF_TURN, END_OF_TURN)
+# As in Qwen3: single tokens but not "special", so decoding with skip_special_tokens (as TRL does for
+# rewards) keeps them and the verifiers can see where the reasoning ends.
+THINK_TOKENS = (THINK_OPEN, THINK_CLOSE)
 
 
 @dataclass(frozen=True)
@@ -54,7 +57,7 @@ def corpus(seed: int = 0) -> Iterator[str]:
 
 def train_tokenizer(spec: TinySpec) -> Any:
     """A byte-level BPE `PreTrainedTokenizerFast` with the Qwen3 specials and chat template."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
@@ -67,11 +70,12 @@ def train_tokenizer(spec: TinySpec) -> Any:
         show_progress=False,
     )
     tok.train_from_iterator(corpus(spec.seed), trainer=trainer)
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in THINK_TOKENS])
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token=END_OF_TURN,
         pad_token=PAD,
-        additional_special_tokens=[START_OF_TURN, THINK_OPEN, THINK_CLOSE],
+        additional_special_tokens=[START_OF_TURN],
         model_max_length=spec.max_position_embeddings,
         clean_up_tokenization_spaces=False,
     )

@@ -20,10 +20,16 @@ def compiled(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_every_pipeline_compiles_and_loads_back(compiled: Path) -> None:
     names = sorted(p.stem for p in compiled.glob("*.yaml"))
-    assert names == ["klear-curate", "klear-reasoner", "klear-reasoner-demo", "klear-sft"]
+    assert names == ["klear-curate", "klear-gppo-code", "klear-gppo-math", "klear-reasoner", "klear-reasoner-demo",
+                     "klear-sft"]
     spec = validate(compiled / "klear-reasoner-demo.yaml")
-    assert set(spec.root.dag.tasks) == {"demo-data", "curate", "tiny-model", "sft"}
+    assert set(spec.root.dag.tasks) == {"demo-data", "curate", "tiny-model", "sft", "gppo-math", "gppo-code"}
     assert spec.root.dag.tasks["curate"].dependent_tasks == ["demo-data"]
+    # The paper's order: SFT, then math RL from the SFT model, then code RL from the math RL model.
+    assert sorted(spec.root.dag.tasks["gppo-math"].dependent_tasks) == ["curate", "sft"]
+    assert sorted(spec.root.dag.tasks["gppo-code"].dependent_tasks) == ["curate", "gppo-math"]
+    full = validate(compiled / "klear-reasoner.yaml")
+    assert {"sft", "gppo-math", "gppo-code"} <= set(full.root.dag.tasks)
     # Cluster settings survive compilation: the S3 secret reaches the pod as env variables.
     text = (compiled / "klear-reasoner.yaml").read_text()
     assert "klear-s3" in text and "AWS_SECRET_ACCESS_KEY" in text
@@ -51,11 +57,23 @@ def test_demo_pipeline_end_to_end_on_s3(compiled: Path, s3_bucket: str, tmp_path
     demo_location = location.rsplit("/", 1)[0] + "/demo-data"
     assert "math.jsonl" in storage.read_manifest(demo_location).files
     # The tiny model was fine-tuned on the curated prompts, and published next to them.
-    model = task.outputs["model"].metadata["uri"]
+    model = task.outputs["sft_model"].metadata["uri"]
     assert model == location.rsplit("/", 1)[0] + "/sft"
     sft_report = json.loads(storage.read_bytes(model + "/report.json"))
     assert sft_report["data"]["read"] == report["totals"]["kept"]
     assert {"model.safetensors", "tokenizer.json"} <= set(storage.read_manifest(model).files)
+    # Math RL then code RL, each on its kind of curated prompt, scored by the real verifiers (code in the sandbox).
+    final = task.outputs["model"].metadata["uri"]
+    assert final == location.rsplit("/", 1)[0] + "/gppo-code"
+    math_rl = json.loads(storage.read_bytes(location.rsplit("/", 1)[0] + "/gppo-math/report.json"))
+    code_rl = json.loads(storage.read_bytes(final + "/report.json"))
+    assert math_rl["data"]["read"] == code_rl["data"]["read"] == report["totals"]["kept"]
+    assert math_rl["data"]["kept"] + code_rl["data"]["kept"] == report["totals"]["kept"]  # each prompt is one kind
+    assert math_rl["data"]["skipped"] == {"no_answer": code_rl["data"]["kept"]}
+    for rl in (math_rl, code_rl):
+        assert rl["training"]["global_step"] == rl["config"]["max_steps"] and rl["training"]["reward_timeouts"] == 0
+        assert any("reward" in row for row in rl["history"])
+    assert {"model.safetensors", "report.md"} <= set(storage.read_manifest(final).files)
 
 
 def test_single_stage_rerun_from_imported_s3_sources(compiled: Path, s3_bucket: str, tmp_path: Path) -> None:

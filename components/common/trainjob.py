@@ -1,4 +1,4 @@
-"""Multi-node SFT through Kubeflow Trainer: the job manifest, its schema check, and a launcher.
+"""Multi-node training stages (sft, gppo) through Kubeflow Trainer: the job manifest, its schema check, and a launcher.
 
 Two job kinds, same command on every node (`accelerate launch` with the ZeRO-3 config, one process
 per GPU, node rank and rendezvous from the variables the operator injects):
@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
-from klear.sft.launch import accelerate_command, shell_line
+from klear.common.launch import accelerate_command, shell_line
 
-log = logging.getLogger("klear.sft")
+log = logging.getLogger("klear.trainjob")
 
 S3_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL")
 V1_VARS = ("$RANK", "$MASTER_ADDR", "$MASTER_PORT")
@@ -36,6 +36,7 @@ K8S_DEFINITIONS = "https://kubernetes.io/api/_definitions.json"
 class JobSpec:
     name: str
     image: str
+    stage: str
     nodes: int
     gpus_per_node: int
     model: str
@@ -53,7 +54,7 @@ class JobSpec:
 
 def _command(spec: JobSpec, variables: tuple[str, str, str]) -> list[str]:
     rank, address, port = variables
-    argv = accelerate_command(spec.model, spec.data, spec.output, spec.preset, spec.overrides, spec.gpus_per_node,
+    argv = accelerate_command(spec.stage, spec.model, spec.data, spec.output, spec.preset, spec.overrides, spec.gpus_per_node,
                               nodes=spec.nodes, machine_rank=rank, main_address=address, main_port=port, python="python")
     return ["bash", "-c", "exec " + shell_line(argv, variables)]
 
@@ -201,7 +202,7 @@ class JobFailed(RuntimeError):
     """The training job failed; the message carries the operator's reason."""
 
 
-def run_trainjob(model: str, data: list[str], output: str, preset: str, overrides: list[str], nodes: int,
+def run_trainjob(stage: str, model: str, data: list[str], output: str, preset: str, overrides: list[str], nodes: int,
                  gpus_per_node: int, run_id: str, poll_seconds: float = 15.0) -> None:
     """Create the job in this pod's namespace, stream its master's log, return when it succeeds, raise when it fails.
 
@@ -214,7 +215,7 @@ def run_trainjob(model: str, data: list[str], output: str, preset: str, override
     namespace_file = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
     namespace = open(namespace_file).read().strip() if os.path.exists(namespace_file) else "kubeflow"
     v2 = os.environ.get("KLEAR_TRAINER_API") == "v2"
-    spec = JobSpec(name=f"klear-sft-{run_id}"[:63].rstrip("-").lower(), image=GPU_IMAGE, nodes=nodes,
+    spec = JobSpec(name=f"klear-{stage}-{run_id}"[:63].rstrip("-").lower(), image=GPU_IMAGE, stage=stage, nodes=nodes,
                    gpus_per_node=gpus_per_node, model=model, data=data, output=output, preset=preset,
                    overrides=overrides, namespace=namespace)
     manifest = render_trainjob(spec) if v2 else render_pytorchjob(spec)

@@ -1,0 +1,81 @@
+"""The `accelerate launch` command line of one node for a training stage (sft, gppo), shared by the KFP
+components (single node, in their own pod) and the Kubeflow Trainer job template (N nodes, one launcher per node)."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+LAUNCH_CONFIGS = Path(__file__).resolve().parent / "launch_configs"
+
+
+def stage_config(stage: str, preset: str, overrides: list[str]) -> Any:
+    """The typed config of a training stage, from a preset or YAML file plus overrides."""
+    from klear.common.config import load_config
+
+    if stage == "sft":
+        from klear.sft.config import SftConfig as config_class
+    elif stage == "gppo":
+        from klear.gppo.config import GppoConfig as config_class
+    else:
+        raise ValueError(f"unknown training stage {stage!r}; expected sft or gppo")
+    return load_config(config_class, preset, overrides)
+
+
+def accelerate_command(
+    stage: str,
+    model: str,
+    data: list[str],
+    output: str,
+    preset: str,
+    overrides: list[str],
+    processes_per_node: int,
+    nodes: int = 1,
+    machine_rank: str = "0",
+    main_address: str = "127.0.0.1",
+    main_port: str = "29500",
+    python: str = sys.executable,
+    work_dir: str | None = None,
+) -> list[str]:
+    """argv for one node. With DeepSpeed in the config (the paper preset), the ZeRO-3 launch config is used;
+    otherwise plain DDP. Rank, address and port may be shell variables (`$PET_NODE_RANK`) in a job template."""
+    config = stage_config(stage, preset, overrides)
+    launch_config = "zero3.yaml" if config.deepspeed else "ddp.yaml"
+    argv = [python, "-m", "accelerate.commands.launch", "--config_file", str(LAUNCH_CONFIGS / launch_config),
+            "--num_machines", str(nodes), "--num_processes", str(nodes * processes_per_node),
+            "--machine_rank", machine_rank, "--main_process_ip", main_address, "--main_process_port", main_port,
+            "-m", "klear.cli", stage, "--model", model, "--data", *data, "--output", output, "--config", preset]
+    for override in overrides:
+        argv += ["--set", override]
+    return argv + (["--work-dir", work_dir] if work_dir else [])
+
+
+def shell_line(argv: list[str], variables: tuple[str, ...] = ()) -> str:
+    """A shell line for a container command; the named `$VARIABLES` are left for the shell to expand."""
+    return " ".join(arg if arg in variables else shlex.quote(arg) for arg in argv)
+
+
+def run_training_stage(stage: str, model: str, data: list[str], output: str, preset: str, overrides: list[str],
+                       gpus_per_node: int, nodes: int, run_id: str) -> dict[str, Any]:
+    """Run a training stage from its KFP component and return its report.
+
+    0 GPUs (CPU, kfp.local, tests): in this process. One node with GPUs: one `accelerate launch` process per
+    GPU in this pod. More nodes: a Kubeflow Trainer job runs the same command on every node; this pod creates
+    it, streams its logs and fails if it fails."""
+    import importlib
+    import json
+    import subprocess
+
+    from klear.common import storage
+
+    if nodes > 1:
+        from klear.common.trainjob import run_trainjob
+
+        run_trainjob(stage, model, data, output, preset, overrides, nodes, gpus_per_node, run_id)
+    elif gpus_per_node > 0:
+        subprocess.run(accelerate_command(stage, model, data, output, preset, overrides, gpus_per_node), check=True)
+    else:
+        return importlib.import_module(f"klear.{stage}.stage").run(model, data, output, stage_config(stage, preset, overrides))
+    return json.loads(storage.read_bytes(storage.Uri.parse(output).join("report.json")))
