@@ -28,6 +28,7 @@ bench: install
 	$(BIN)/python benchmarks/bench_curate.py
 	$(BIN)/python benchmarks/bench_verifiers.py
 	$(BIN)/python benchmarks/bench_gppo_loss.py
+	$(BIN)/python benchmarks/bench_gppo_step.py
 	$(BIN)/python benchmarks/bench_sft.py
 
 clean:

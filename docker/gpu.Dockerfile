@@ -1,4 +1,4 @@
-# Image of the GPU stages (sft; later sample, rl_filter, gppo, evaluate). One pinned, mutually
+# Image of the GPU stages (sft, gppo; later sample, rl_filter, evaluate). One pinned, mutually
 # compatible set: vLLM 0.31 needs torch 2.13 and transformers < 5.18; TRL 1.16 supports vLLM 0.22-0.31.
 # PyPI's torch 2.13.0 wheel for Linux is the CUDA build. A devel base: DeepSpeed JIT-compiles its ops.
 # Build from the repository root: docker build -f docker/gpu.Dockerfile -t $KLEAR_IMAGE_REGISTRY/klear-gpu:$TAG .
@@ -12,4 +12,4 @@ WORKDIR /opt/klear
 COPY pyproject.toml README.md ./
 COPY components ./components
 # constraints.txt pins the CPU torch build for CI; the GPU image takes PyPI's CUDA build of the same release.
-RUN pip install torch==2.13.0 && pip install '.[sft,verify,pipeline,curate]' vllm==0.31.0
+RUN pip install torch==2.13.0 && pip install '.[gppo,pipeline,curate]' vllm==0.31.0

@@ -73,8 +73,8 @@ def _sft(base_model, data, preset, run_root, gpus_per_node: int, nodes=1) -> dsl
     return _on_gpus(task, gpus_per_node)
 
 
-def _gppo(component, policy, data, preset, run_root, gpus_per_node: int, nodes=1) -> dsl.PipelineTask:
-    task = component(policy=policy, data=data, preset=preset, overrides=[], gpus_per_node=gpus_per_node, nodes=nodes,
+def _gppo(component, policy, data, preset, run_root, gpus_per_node: int, nodes=1, overrides=[]) -> dsl.PipelineTask:
+    task = component(policy=policy, data=data, preset=preset, overrides=overrides, gpus_per_node=gpus_per_node, nodes=nodes,
                      run_root=run_root, run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER)
     task.set_display_name(f"{'math' if component is gppo_math else 'code'} RL: GPPO (TRL + vLLM)")
     return _on_gpus(task, gpus_per_node)
@@ -153,24 +153,28 @@ def sft_pipeline(
     return _sft(base.output, data.output, preset, run_root, gpus_per_node, nodes).outputs["model"]
 
 
-def _rl_rerun(component, model_uri, data_uri, preset, run_root, gpus_per_node, nodes) -> dsl.Model:
+def _rl_rerun(component, model_uri, data_uri, preset, overrides, run_root, gpus_per_node, nodes) -> dsl.Model:
     policy = dsl.importer(artifact_uri=model_uri, artifact_class=dsl.Model, reimport=False)
     data = dsl.importer(artifact_uri=data_uri, artifact_class=dsl.Dataset, reimport=False)
-    return _gppo(component, policy.output, data.output, preset, run_root, gpus_per_node, nodes).outputs["model"]
+    return _gppo(component, policy.output, data.output, preset, run_root, gpus_per_node, nodes, overrides).outputs["model"]
 
 
 @dsl.pipeline(name="klear-gppo-math", description="Rerun math RL alone on an existing model and math RL prompts")
 def gppo_math_pipeline(
-    model_uri: str, data_uri: str, preset: str = "math", run_root: str = "", gpus_per_node: int = 8, nodes: int = 1,
+    model_uri: str, data_uri: str, preset: str = "math", overrides: list = [], run_root: str = "",
+    gpus_per_node: int = 8, nodes: int = 1,
 ) -> dsl.Model:
-    return _rl_rerun(gppo_math, model_uri, data_uri, preset, run_root, gpus_per_node, nodes)
+    """`overrides` are config `key=value` pairs, e.g. ["loss=cispo"] for an ablation arm."""
+    return _rl_rerun(gppo_math, model_uri, data_uri, preset, overrides, run_root, gpus_per_node, nodes)
 
 
 @dsl.pipeline(name="klear-gppo-code", description="Rerun code RL alone on an existing model and code RL prompts")
 def gppo_code_pipeline(
-    model_uri: str, data_uri: str, preset: str = "code", run_root: str = "", gpus_per_node: int = 8, nodes: int = 1,
+    model_uri: str, data_uri: str, preset: str = "code", overrides: list = [], run_root: str = "",
+    gpus_per_node: int = 8, nodes: int = 1,
 ) -> dsl.Model:
-    return _rl_rerun(gppo_code, model_uri, data_uri, preset, run_root, gpus_per_node, nodes)
+    """`overrides` are config `key=value` pairs, e.g. ["loss=clip_higher"] for an ablation arm."""
+    return _rl_rerun(gppo_code, model_uri, data_uri, preset, overrides, run_root, gpus_per_node, nodes)
 
 
 PIPELINES = {

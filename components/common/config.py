@@ -31,10 +31,16 @@ class StageConfig(pydantic.BaseModel):
 C = TypeVar("C", bound=StageConfig)
 
 
+def preset_names(cls: type[StageConfig]) -> list[str]:
+    """The presets shipped with a stage config (its package's presets/*.yaml)."""
+    presets = resources.files(cls.preset_package) / "presets"
+    return sorted(p.name.removesuffix(".yaml") for p in presets.iterdir() if p.name.endswith(".yaml"))
+
+
 def _preset_text(cls: type[StageConfig], name: str) -> tuple[str, str]:
     package = cls.preset_package
     presets = resources.files(package) / "presets"
-    available = sorted(p.name.removesuffix(".yaml") for p in presets.iterdir() if p.name.endswith(".yaml"))
+    available = preset_names(cls)
     if name not in available:
         raise ConfigError(f"unknown preset {name!r} for {cls.__name__}; presets: {', '.join(available)}")
     return (presets / f"{name}.yaml").read_text(), f"preset {name!r} ({package}/presets/{name}.yaml)"

@@ -79,3 +79,24 @@ def run_training_stage(stage: str, model: str, data: list[str], output: str, pre
     else:
         return importlib.import_module(f"klear.{stage}.stage").run(model, data, output, stage_config(stage, preset, overrides))
     return json.loads(storage.read_bytes(storage.Uri.parse(output).join("report.json")))
+
+
+def run_training_component(stage: str, step: str, model_in: Any, data: Any, preset: str, overrides: list[str],
+                           gpus_per_node: int, nodes: int, run_root: str, run_id: str, model_out: Any, summary: Any,
+                           metrics: Any) -> None:
+    """The body of a training stage's KFP component: train into a fixed location under run_root (a retried pod
+    resumes from its checkpoints), then fill the KFP outputs: the model, the Markdown summary, the metrics."""
+    import importlib
+
+    from klear.common import kfp_io
+
+    report_module = importlib.import_module(f"klear.{stage}.report")
+    target = kfp_io.output_location(model_out, run_root, run_id, step)
+    report = run_training_stage(stage, kfp_io.input_location(model_in), [kfp_io.input_location(data)], target, preset,
+                                overrides, gpus_per_node, nodes, run_id)
+    kfp_io.record_output(model_out, target, {"global_step": report["training"]["global_step"],
+                                             "kept": report["data"]["kept"]})
+    with open(summary.path, "w") as fh:
+        fh.write(report_module.render_markdown(report))
+    for key, value in report_module.metric_items(report):
+        metrics.log_metric(key, value)

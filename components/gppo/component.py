@@ -26,10 +26,10 @@ def gppo_math(
     metrics: Output[Metrics],
 ):
     """Math RL of `policy` (the SFT model) on `data` with GPPO; checkpoints to object storage."""
-    from klear.gppo.report import publish_component_outputs
+    from klear.common.launch import run_training_component
 
-    publish_component_outputs("gppo-math", policy, data, preset, list(overrides), gpus_per_node, nodes, run_root,
-                              run_id, model, summary, metrics)
+    run_training_component("gppo", "gppo-math", policy, data, preset, list(overrides), gpus_per_node, nodes, run_root,
+                           run_id, model, summary, metrics)
 
 
 @dsl.component(base_image=GPU_IMAGE, install_kfp_package=False)
@@ -47,7 +47,7 @@ def gppo_code(
     metrics: Output[Metrics],
 ):
     """Code RL of `policy` (the math RL model) on `data` with GPPO; checkpoints to object storage."""
-    from klear.gppo.report import publish_component_outputs
+    from klear.common.launch import run_training_component
 
-    publish_component_outputs("gppo-code", policy, data, preset, list(overrides), gpus_per_node, nodes, run_root,
-                              run_id, model, summary, metrics)
+    run_training_component("gppo", "gppo-code", policy, data, preset, list(overrides), gpus_per_node, nodes, run_root,
+                           run_id, model, summary, metrics)

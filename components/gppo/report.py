@@ -56,19 +56,3 @@ def render_markdown(report: dict[str, Any]) -> str:
     ]
     return "\n".join(lines)
 
-
-def publish_component_outputs(step: str, policy: Any, data: Any, preset: str, overrides: list[str], gpus_per_node: int,
-                              nodes: int, run_root: str, run_id: str, model: Any, summary: Any, metrics: Any) -> None:
-    """The body of the gppo_math / gppo_code components: train into a fixed location under run_root (a retried
-    pod resumes from its checkpoints), then fill the KFP outputs (model, Markdown summary, metrics)."""
-    from klear.common import kfp_io
-    from klear.common.launch import run_training_stage
-
-    target = kfp_io.output_location(model, run_root, run_id, step)
-    report = run_training_stage("gppo", kfp_io.input_location(policy), [kfp_io.input_location(data)], target, preset,
-                                overrides, gpus_per_node, nodes, run_id)
-    kfp_io.record_output(model, target, {"global_step": report["training"]["global_step"], "kept": report["data"]["kept"]})
-    with open(summary.path, "w") as fh:
-        fh.write(render_markdown(report))
-    for key, value in metric_items(report):
-        metrics.log_metric(key, value)

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import hashlib
-import json
 import logging
 import os
 import tempfile
@@ -32,7 +31,6 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from klear.common import checkpoints, hf_model  # noqa: E402
-from klear.common.config import load_config  # noqa: E402
 from klear.gppo.config import GppoConfig  # noqa: E402
 from klear.gppo.data import load_rows  # noqa: E402
 from klear.gppo.metrics import HistoryLogger, summarize  # noqa: E402
@@ -128,22 +126,9 @@ def run(model: str, data: list[str], output: str, config: GppoConfig, work_dir: 
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    from klear.cli import add_config_arguments
+    from klear.cli import add_training_stage
 
-    parser = subparsers.add_parser("gppo", help="RL with GPPO (math or code; ablation losses), resumable",
-                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", required=True, metavar="URI", help="policy to start from: the SFT (or math RL) output")
-    parser.add_argument("--data", nargs="+", required=True, metavar="URI", help="RL prompts: JSONL/Parquet or a published output")
-    parser.add_argument("--output", required=True, metavar="URI", help="output location; checkpoints under <output>/checkpoints")
-    parser.add_argument("--work-dir", default=None, help="local scratch folder shared by the node's ranks")
-    add_config_arguments(parser, default_preset="math")
-    parser.set_defaults(func=_main)
-
-
-def _main(args: argparse.Namespace) -> int:
-    config = load_config(GppoConfig, args.config, args.overrides)
-    report = run(args.model, args.data, args.output, config, args.work_dir)
-    if os.environ.get("RANK", "0") == "0":
-        print(json.dumps({"data": {k: v for k, v in report["data"].items() if k != "skipped_examples"},
-                          "training": report["training"], "metrics": report["metrics"]}))
-    return 0
+    add_training_stage(subparsers, "gppo", help="RL with GPPO (math or code; ablation losses), resumable", description=__doc__,
+                       model_help="policy to start from: the SFT (or math RL) output",
+                       data_help="RL prompts: JSONL/Parquet or a published output",
+                       default_preset="math", config_class=GppoConfig, run=run)

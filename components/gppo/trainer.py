@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -69,11 +70,14 @@ class VerifierReward:
     def __init__(self, pool: RewardPool, task: str) -> None:
         self.pool, self.task = pool, task
         self.outcomes: list[RewardOutcome] = []
+        self.seconds = 0.0  # wall time spent scoring, cumulative
 
     def __call__(self, prompts: list, completions: list, completion_ids: list, **columns: Any) -> list[float]:
         tasks = [rollout_task(self.task, completion_text(c), {k: columns[k][i] for k in ("answer", "tests", "fn_name", "problem_id")
                                                                if k in columns}) for i, c in enumerate(completions)]
+        started = time.perf_counter()
         self.outcomes = self.pool.score(tasks)
+        self.seconds += time.perf_counter() - started
         return [o.reward for o in self.outcomes]
 
 
@@ -131,6 +135,7 @@ def grpo_arguments(cfg: GppoConfig, output_dir: Path, world_size: int, use_cpu: 
         vllm_server_host=cfg.vllm_server_host,
         vllm_server_port=cfg.vllm_server_port,
         vllm_gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
+        vllm_max_model_length=cfg.max_prompt_length + cfg.max_completion_length,
         vllm_importance_sampling_correction=cfg.vllm_is_correction,
         vllm_importance_sampling_mode="token_truncate",  # per-token weights: batching.py re-pads them per token
         vllm_importance_sampling_clip_max=cfg.vllm_is_cap,
@@ -159,6 +164,20 @@ class GppoTrainer(GRPOTrainer):
                                    self.accelerator.num_processes)
         self.fill_ratios: list[float] = []
         self.reward_timeouts = 0
+        self._rollout_seconds = 0.0  # cumulative wall time of generation rounds (rewards included)
+        self._update_seconds = 0.0  # of the current optimizer step's forward/backward passes
+        self._micro_steps = 0
+
+    def training_step(self, model: Any, inputs: dict[str, Any], num_items_in_batch: Any) -> torch.Tensor:
+        """Adds `time/update_s` per optimizer step: the step's wall time without its generation round."""
+        started, rollouts_before = time.perf_counter(), self._rollout_seconds
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        self._update_seconds += time.perf_counter() - started - (self._rollout_seconds - rollouts_before)
+        self._micro_steps += 1
+        if self._micro_steps % self.current_gradient_accumulation_steps == 0:
+            self._metrics["train"]["time/update_s"].append(self._update_seconds)
+            self._update_seconds = 0.0
+        return loss
 
     # ------------------------------------------------------------------ rollouts
 
@@ -179,11 +198,12 @@ class GppoTrainer(GRPOTrainer):
         if len(inputs) % group:
             raise ValueError(f"{len(inputs)} rollouts on this rank do not form whole groups of {group}")
         quota = len(inputs) // group
+        started, reward_seconds = time.perf_counter(), self.verifier_reward.seconds
         filtering = cfg.filter_zero_advantage
         rows = inputs + (self._refill_rows(math.ceil((cfg.oversample - 1) * quota)) if filtering else [])
         rounds: list[dict[str, Any]] = []
         informative: list[list[bool]] = []
-        timeouts = correct_first = 0.0
+        timeouts = errors = correct_first = 0.0
         while True:
             out = super()._generate_and_score_completions(rows)
             outcomes = self.verifier_reward.outcomes
@@ -192,6 +212,7 @@ class GppoTrainer(GRPOTrainer):
             keys = torch.tensor([o.filter_key for o in outcomes], dtype=torch.float64)
             informative.append(varied_groups(keys, group).tolist())
             timeouts += sum(o.timed_out for o in outcomes)
+            errors += sum(o.reason.startswith("error") for o in outcomes)
             if not rounds:
                 correct_first = float(out["correct"].mean())
             rounds.append(out)
@@ -220,6 +241,10 @@ class GppoTrainer(GRPOTrainer):
         uninformative = self._global_sum(sum(flags.count(False) for flags in informative))
         fill = float(self._global_sum(sum(p.informative for p in picks)) / self._global_sum(quota))
         self.fill_ratios.append(fill)
+        if fill < 1.0:
+            log.warning("step %d: %.0f%% of the batch's groups are informative after %d refill round(s); the other "
+                        "groups are masked out of the loss (raise oversample or max_refill_rounds, or check the "
+                        "rewards)", self.state.global_step, 100 * fill, len(rounds) - 1)
         self.reward_timeouts += int(self._global_sum(timeouts))
         metrics = self._metrics["train"]
         metrics["accuracy"].append(float(self._global_sum(correct_first)) / self.accelerator.num_processes)
@@ -227,6 +252,11 @@ class GppoTrainer(GRPOTrainer):
         metrics["fill_ratio"].append(fill)
         metrics["refill_rounds"].append(len(rounds) - 1)
         metrics["reward_timeouts"].append(float(self._global_sum(timeouts)))
+        metrics["reward_errors"].append(float(self._global_sum(errors)))
+        elapsed, scoring = time.perf_counter() - started, self.verifier_reward.seconds - reward_seconds
+        self._rollout_seconds += elapsed
+        metrics["time/rewards_s"].append(scoring)
+        metrics["time/generation_s"].append(elapsed - scoring)
         return batch
 
     # ------------------------------------------------------------------ loss

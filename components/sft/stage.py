@@ -22,7 +22,6 @@ import argparse
 import contextlib
 import hashlib
 import importlib.util
-import json
 import logging
 import os
 import shutil
@@ -36,7 +35,6 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from klear.common import checkpoints, hf_model  # noqa: E402
-from klear.common.config import load_config  # noqa: E402
 from klear.common.hf_model import ModelInputError  # noqa: E402
 from klear.sft.chat_template import END_OF_TURN, QWEN3_CHAT_TEMPLATE  # noqa: E402
 from klear.sft.config import SftConfig  # noqa: E402
@@ -211,23 +209,9 @@ def run(model: str, data: list[str], output: str, config: SftConfig, work_dir: s
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    from klear.cli import add_config_arguments
+    from klear.cli import add_training_stage
 
-    parser = subparsers.add_parser("sft", help="long-CoT SFT on TRL (assistant-only loss, packing, resumable)",
-                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", required=True, metavar="URI", help="base model: a Hugging Face folder (path, file://, s3://)")
-    parser.add_argument("--data", nargs="+", required=True, metavar="URI", help="SFT records: JSONL/Parquet or a published output")
-    parser.add_argument("--output", required=True, metavar="URI", help="output location; checkpoints under <output>/checkpoints")
-    parser.add_argument("--work-dir", default=None, help="local scratch folder shared by the node's ranks (default: $TMPDIR/klear-sft-<hash of --output>)")
-    add_config_arguments(parser)
-    parser.set_defaults(func=_main)
-
-
-def _main(args: argparse.Namespace) -> int:
-    config = load_config(SftConfig, args.config, args.overrides)
-    report = run(args.model, args.data, args.output, config, args.work_dir)
-    if os.environ.get("RANK", "0") != "0":
-        return 0
-    print(json.dumps({"data": {k: v for k, v in report["data"].items() if k != "skipped_examples"},
-                      "training": report["training"], "metrics": report["metrics"]}))
-    return 0
+    add_training_stage(subparsers, "sft", help="long-CoT SFT on TRL (assistant-only loss, packing, resumable)", description=__doc__,
+                       model_help="base model: a Hugging Face folder (path, file://, s3://)",
+                       data_help="SFT records: JSONL/Parquet or a published output",
+                       default_preset="paper", config_class=SftConfig, run=run)

@@ -64,7 +64,7 @@ def train_tokenizer(spec: TinySpec) -> Any:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=spec.vocab_size,
+        vocab_size=spec.vocab_size - len(THINK_TOKENS),  # the think tags are added after training
         special_tokens=list(SPECIAL_TOKENS),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),  # all 256 bytes: any text encodes, nothing is <unk>
         show_progress=False,

@@ -75,7 +75,7 @@ def test_single_stage_math_rl_rerun_on_s3(tiny_model: str, s3_bucket: str, tmp_p
     task = run_compiled(
         "klear-gppo-math", tmp_path / "kfp",
         {"model_uri": tiny_model, "data_uri": f"{s3_bucket}/data", "preset": "tiny-math",
-         "run_root": f"{s3_bucket}/runs", "gpus_per_node": 0},
+         "overrides": ["loss=cispo"], "run_root": f"{s3_bucket}/runs", "gpus_per_node": 0},
         tmp_path / "compiled",
     )
     location = task.output.metadata["uri"]
@@ -85,3 +85,4 @@ def test_single_stage_math_rl_rerun_on_s3(tiny_model: str, s3_bucket: str, tmp_p
     assert data["read"] == 40 and data["skipped"]["no_answer"] == 4
     assert data["kept"] + sum(data["skipped"].values()) == 40 and data["kept"] >= 30
     assert task.output.metadata["global_step"] == report["training"]["global_step"] == 4
+    assert report["config"]["loss"] == "cispo"  # the ablation switch reached the stage

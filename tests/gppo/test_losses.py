@@ -151,3 +151,18 @@ def test_bad_arguments_are_named() -> None:
         policy_loss("grpo", x, x, torch.zeros(2), x)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"logp \(2, 3\), old_logp \(2, 4\)"):
         policy_loss("gppo", x, torch.zeros(2, 4), torch.zeros(2), x)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_importance_weights_scale_each_tokens_gradient_without_their_own(kind: str) -> None:
+    """vLLM's mismatch correction: a token's gradient is multiplied by its (detached) weight w."""
+    logp, old, adv, regions = _region_batch()
+    weights = torch.linspace(0.5, 3.0, logp.numel()).view_as(logp).requires_grad_(True)
+    loss, _ = policy_loss(kind, logp, old, adv, torch.ones_like(logp), eps_low=EPS_LOW, eps_high=EPS_HIGH,
+                          token_weights=weights)
+    loss.backward()
+    n = len(regions)
+    for i, (ratio, a) in enumerate(regions):
+        expected = -float(weights[0, i]) * expected_factor(kind, ratio, a) * a / n
+        assert logp.grad[0, i].item() == pytest.approx(expected, rel=1e-5, abs=1e-7), (ratio, a)
+    assert weights.grad is None

@@ -57,6 +57,17 @@ def test_sigkill_after_a_checkpoint_then_resume(tiny_model: str, demo_files: lis
         assert (local / "model.safetensors").is_file() and (local / "logs").is_dir()
         assert manifest.meta["stage"] == "gppo"
     assert checkpoints.published_steps(output)[-1] == 8
+    # Per-step metrics in TensorBoard, continued across the restart.
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    with storage.fetch_published(output) as (local, _):
+        events = EventAccumulator(str(local / "logs")).Reload()
+        tags = set(events.Tags()["scalars"])
+        assert {"train/reward", "train/accuracy", "train/clip_frac_low", "train/clip_frac_high", "train/entropy",
+                "train/grad_norm", "train/groups_filtered_frac", "train/reward_timeouts",
+                "train/completions/mean_length"} <= tags
+        steps = [e.step for e in events.Scalars("train/grad_norm")]
+    assert min(steps) <= report["training"]["resumed_from_step"] and max(steps) == 8
 
 
 def test_a_hanging_reward_is_killed_counted_and_training_goes_on(tiny_model: str, demo_files: list[str],

@@ -119,3 +119,15 @@ def test_it_learns_a_synthetic_task(tiny_model: str, demo_files: list[str], tmp_
     late = sum(rewards[-2:]) / 2
     assert late >= 0.6 and late >= rewards[0] + 0.35, rewards
     assert report["training"]["global_step"] == 20
+
+
+def test_vllm_importance_weights_reach_the_loss(build) -> None:
+    """With vLLM, TRL hands over per-token weights π_trainer/π_vllm (truncated at vllm_is_cap); the loss uses them."""
+    config = tiny_config(sft_alpha=0, filter_zero_advantage="false", reward__scorer=TOY + "digit_fraction")
+    trainer = build(config)
+    micro = split_tensor_dict(first_round(trainer), trainer.args.steps_per_generation)[0]
+    plain = float(trainer._compute_loss(trainer.model, micro))
+    micro["importance_sampling_ratio"] = torch.full(micro["completion_ids"].shape, 2.0)
+    assert float(trainer._compute_loss(trainer.model, micro)) == pytest.approx(2 * plain, rel=1e-5)
+    assert trainer.args.vllm_importance_sampling_mode == "token_truncate"
+    assert trainer.args.vllm_importance_sampling_clip_max == config.vllm_is_cap
