@@ -4,9 +4,11 @@ DeepSpeed choices, and finishing the published folder so it generates and stops 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib.util
 import json
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,14 @@ LAUNCH_DIR = Path(__file__).resolve().parent / "launch_configs"
 
 class ModelInputError(ValueError):
     """A model input that cannot be trained from; the message names the URI and what is missing."""
+
+
+def scratch_folder(stage: str, output: str, work_dir: str | None) -> Path:
+    """The node's local working folder: `work_dir`, or one under $TMPDIR named after the output, so a retried
+    pod finds what it left. One folder for all ranks of a node: a checkpoint is the union of what they write."""
+    path = Path(work_dir) if work_dir else Path(tempfile.gettempdir()) / f"klear-{stage}-{hashlib.sha256(output.encode()).hexdigest()[:12]}"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def local_model(model: str, stack: contextlib.ExitStack) -> Path:

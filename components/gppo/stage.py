@@ -20,10 +20,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import hashlib
 import logging
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -94,8 +92,7 @@ def run(model: str, data: list[str], output: str, config: GppoConfig, work_dir: 
     from klear.gppo.rewards import RewardPool
 
     with contextlib.ExitStack() as stack:
-        work = Path(work_dir) if work_dir else Path(tempfile.gettempdir()) / f"klear-gppo-{hashlib.sha256(output.encode()).hexdigest()[:12]}"
-        work.mkdir(parents=True, exist_ok=True)
+        work = hf_model.scratch_folder("gppo", output, work_dir)
         model_dir = hf_model.local_model(model, stack)
         tokenizer = load_tokenizer(model_dir, model, config)
         dataset, counts = build_dataset(data, tokenizer, config)

@@ -20,12 +20,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import hashlib
 import importlib.util
 import logging
 import os
 import shutil
-import tempfile
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -158,10 +156,6 @@ def training_arguments(config: SftConfig, work: Path) -> Any:
     )
 
 
-def _digest(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()[:12]
-
-
 def make_trainer(model_dir: Path, tokenizer: Any, dataset: Any, args: Any) -> Any:
     """TRL's SFTTrainer on the prepared rows; the model is loaded from its folder under `args`
     (so ZeRO-3 partitions it while loading)."""
@@ -176,9 +170,7 @@ def run(model: str, data: list[str], output: str, config: SftConfig, work_dir: s
     from klear.sft.report import render_markdown
 
     with contextlib.ExitStack() as stack:
-        # One folder for all ranks of a node: a checkpoint is the union of what every rank writes there.
-        work = Path(work_dir) if work_dir else Path(tempfile.gettempdir()) / f"klear-sft-{_digest(output)}"
-        work.mkdir(parents=True, exist_ok=True)
+        work = hf_model.scratch_folder("sft", output, work_dir)
         model_dir = hf_model.local_model(model, stack)
         tokenizer = load_tokenizer(model_dir, model, config)
         args = training_arguments(config, work)  # before the model: it switches on ZeRO-3's partitioned init
