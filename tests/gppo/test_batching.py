@@ -73,3 +73,24 @@ def test_prompt_stream_is_a_seeded_partition_that_resumes() -> None:
     resumed = PromptStream(10, seed=3, rank=0, world_size=2)
     resumed.load_state_dict(ranks[0].state_dict())
     assert resumed.take(7) == ranks[0].take(7)
+
+
+@pytest.mark.parametrize(("preset", "accumulation"), [("math", 4), ("code", 8)])
+def test_paper_batch_layout_on_8_gpus(preset: str, accumulation: int, tmp_path) -> None:
+    """128 prompts x 8 rollouts per round; optimizer steps on 16 (math) / 32 (code) prompts; groups stay on one rank."""
+    from klear.common.config import load_config
+    from klear.gppo.config import GppoConfig
+    from klear.gppo.trainer import grpo_arguments
+
+    config = load_config(GppoConfig, preset, ["bf16=false"])  # bf16 needs a GPU to construct TRL's config
+    args = grpo_arguments(config, tmp_path, world_size=8, use_cpu=True, deepspeed=None, attn_implementation="sdpa")
+    per_update = args.per_device_train_batch_size * 8 * args.gradient_accumulation_steps
+    assert args.gradient_accumulation_steps == accumulation
+    assert per_update == config.prompts_per_update * 8
+    assert args.steps_per_generation * args.per_device_train_batch_size * 8 == 128 * 8  # one round, all ranks
+    assert args.steps_per_generation // args.gradient_accumulation_steps == config.updates_per_step
+    assert (args.steps_per_generation * args.per_device_train_batch_size) % config.num_generations == 0
+    assert args.learning_rate == (1e-6 if preset == "math" else 5e-7) and args.beta == 0.0
+    assert args.lr_scheduler_type == "constant" and args.temperature == 1.0 and args.num_generations == 8
+    with pytest.raises(ValueError, match="split evenly"):
+        grpo_arguments(config, tmp_path, world_size=3, use_cpu=True, deepspeed=None, attn_implementation="sdpa")
