@@ -13,8 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from klear.common import storage
-
-LAUNCH_DIR = Path(__file__).resolve().parent / "launch_configs"
+from klear.common.launch import LAUNCH_CONFIGS
 
 
 class ModelInputError(ValueError):
@@ -51,7 +50,7 @@ def deepspeed_config(choice: str) -> str | None:
     """'' -> None, 'zero3' -> the shipped ZeRO-3 JSON, else a path that must exist."""
     if not choice:
         return None
-    path = str(LAUNCH_DIR / "zero3.json") if choice == "zero3" else choice
+    path = str(LAUNCH_CONFIGS / "zero3.json") if choice == "zero3" else choice
     if not Path(path).is_file():
         raise ModelInputError(f"DeepSpeed config not found: {choice}")
     return path

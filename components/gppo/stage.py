@@ -36,8 +36,6 @@ from klear.gppo.report import render_markdown  # noqa: E402
 
 log = logging.getLogger("klear.gppo")
 
-END_OF_TURN = "<|im_end|>"
-
 
 class GppoError(hf_model.ModelInputError):
     """Bad input to the stage (tokenizer without a chat template, no usable prompts); the message says which."""
@@ -47,7 +45,7 @@ def load_tokenizer(model_dir: Path, model: str, config: GppoConfig) -> Any:
     """The model's tokenizer; rollouts end at <|im_end|> (what SFT taught the model to emit)."""
     from transformers import AutoTokenizer
 
-    from klear.sft.chat_template import QWEN3_CHAT_TEMPLATE
+    from klear.sft.chat_template import END_OF_TURN, QWEN3_CHAT_TEMPLATE
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     if config.chat_template == "qwen3":
@@ -108,7 +106,7 @@ def run(model: str, data: list[str], output: str, config: GppoConfig, work_dir: 
             "training": {"global_step": trainer.state.global_step, "max_steps": trainer.state.max_steps,
                          "resumed_from_step": int(resume.name.split("-")[-1]) if resume else 0,
                          "checkpoints_published": published, "reward_timeouts": trainer.reward_timeouts,
-                         "fill_ratio_min": min(trainer.fill_ratios, default=1.0)},
+                         "fill_ratio_min": trainer.fill_ratio_min},
             "history": history.rows,
             "metrics": {**summarize(history.rows, result.metrics), "reward_timeouts": float(trainer.reward_timeouts)},
             "config": config.model_dump(mode="json"),

@@ -42,18 +42,18 @@ class PromptStream:
     def __init__(self, size: int, seed: int, rank: int = 0, world_size: int = 1) -> None:
         self.size, self.seed, self.rank, self.world_size = size, seed, rank, world_size
         self.position = 0
+        self._epoch, self._order = -1, torch.empty(0, dtype=torch.long)
 
     def take(self, count: int) -> list[int]:
         taken = []
         for _ in range(count):
             epoch, offset = divmod(self.position * self.world_size + self.rank, self.size)
-            taken.append(int(self._permutation(epoch)[offset]))
+            if epoch != self._epoch:  # one permutation per pass over the data, not per prompt
+                generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+                self._epoch, self._order = epoch, torch.randperm(self.size, generator=generator)
+            taken.append(int(self._order[offset]))
             self.position += 1
         return taken
-
-    def _permutation(self, epoch: int) -> torch.Tensor:
-        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
-        return torch.randperm(self.size, generator=generator)
 
     def state_dict(self) -> dict[str, int]:
         return {"position": self.position}
@@ -162,19 +162,17 @@ class GppoTrainer(GRPOTrainer):
         super().__init__(*args, reward_funcs=[reward], **kwargs)
         self.refill = PromptStream(len(self.train_dataset), gppo.seed, self.accelerator.process_index,
                                    self.accelerator.num_processes)
-        self.fill_ratios: list[float] = []
+        self.fill_ratio_min = 1.0
         self.reward_timeouts = 0
         self._rollout_seconds = 0.0  # cumulative wall time of generation rounds (rewards included)
         self._update_seconds = 0.0  # of the current optimizer step's forward/backward passes
-        self._micro_steps = 0
 
     def training_step(self, model: Any, inputs: dict[str, Any], num_items_in_batch: Any) -> torch.Tensor:
         """Adds `time/update_s` per optimizer step: the step's wall time without its generation round."""
         started, rollouts_before = time.perf_counter(), self._rollout_seconds
         loss = super().training_step(model, inputs, num_items_in_batch)
         self._update_seconds += time.perf_counter() - started - (self._rollout_seconds - rollouts_before)
-        self._micro_steps += 1
-        if self._micro_steps % self.current_gradient_accumulation_steps == 0:
+        if self._step % self.current_gradient_accumulation_steps == 0:  # TRL counts micro-steps in _step
             self._metrics["train"]["time/update_s"].append(self._update_seconds)
             self._update_seconds = 0.0
         return loss
@@ -187,9 +185,12 @@ class GppoTrainer(GRPOTrainer):
             rows.extend([dict(self.train_dataset[index])] * self.num_generations)
         return rows
 
-    def _global_sum(self, value: torch.Tensor | float) -> torch.Tensor:
-        local = torch.as_tensor(value, dtype=torch.float32, device=self.accelerator.device).reshape(1)
-        return self.accelerator.gather(local).sum()
+    def _global_sums(self, **local: torch.Tensor | float) -> dict[str, torch.Tensor]:
+        """Each figure summed over all ranks, in one collective."""
+        values = torch.stack([torch.as_tensor(v, dtype=torch.float32, device=self.accelerator.device).reshape(())
+                              for v in local.values()])
+        totals = self.accelerator.gather(values.unsqueeze(0)).sum(dim=0)
+        return dict(zip(local, totals))
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         if not self.model.training:
@@ -233,26 +234,29 @@ class GppoTrainer(GRPOTrainer):
         if "tool_mask" in batch:
             loss_mask = loss_mask * batch["tool_mask"]
         batch["loss_mask"] = loss_mask
-        batch["num_items_in_batch"] = self._global_sum(loss_mask.sum())
-        batch["num_seqs_in_batch"] = self._global_sum((loss_mask.sum(-1) > 0).sum())
-        batch["num_sft_items"] = self._global_sum((loss_mask * batch["correct"].unsqueeze(1)).sum())
-
-        generated_groups = self._global_sum(sum(len(flags) for flags in informative))
-        uninformative = self._global_sum(sum(flags.count(False) for flags in informative))
-        fill = float(self._global_sum(sum(p.informative for p in picks)) / self._global_sum(quota))
-        self.fill_ratios.append(fill)
+        total = self._global_sums(
+            num_items_in_batch=loss_mask.sum(), num_seqs_in_batch=(loss_mask.sum(-1) > 0).sum(),
+            num_sft_items=(loss_mask * batch["correct"].unsqueeze(1)).sum(),
+            generated=sum(len(flags) for flags in informative),
+            uninformative=sum(flags.count(False) for flags in informative),
+            picked=sum(p.informative for p in picks), quota=quota, timeouts=timeouts, errors=errors,
+            correct_first=correct_first)
+        for key in ("num_items_in_batch", "num_seqs_in_batch", "num_sft_items"):
+            batch[key] = total[key]
+        fill = float(total["picked"] / total["quota"])
+        self.fill_ratio_min = min(self.fill_ratio_min, fill)
         if fill < 1.0:
             log.warning("step %d: %.0f%% of the batch's groups are informative after %d refill round(s); the other "
                         "groups are masked out of the loss (raise oversample or max_refill_rounds, or check the "
                         "rewards)", self.state.global_step, 100 * fill, len(rounds) - 1)
-        self.reward_timeouts += int(self._global_sum(timeouts))
+        self.reward_timeouts += int(total["timeouts"])
         metrics = self._metrics["train"]
-        metrics["accuracy"].append(float(self._global_sum(correct_first)) / self.accelerator.num_processes)
-        metrics["groups_filtered_frac"].append(float(uninformative / generated_groups))
+        metrics["accuracy"].append(float(total["correct_first"]) / self.accelerator.num_processes)
+        metrics["groups_filtered_frac"].append(float(total["uninformative"] / total["generated"]))
         metrics["fill_ratio"].append(fill)
         metrics["refill_rounds"].append(len(rounds) - 1)
-        metrics["reward_timeouts"].append(float(self._global_sum(timeouts)))
-        metrics["reward_errors"].append(float(self._global_sum(errors)))
+        metrics["reward_timeouts"].append(float(total["timeouts"]))
+        metrics["reward_errors"].append(float(total["errors"]))
         elapsed, scoring = time.perf_counter() - started, self.verifier_reward.seconds - reward_seconds
         self._rollout_seconds += elapsed
         metrics["time/rewards_s"].append(scoring)
