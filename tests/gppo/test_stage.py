@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ from klear.common import checkpoints, storage
 from klear.common.config import load_config
 from klear.gppo.config import GppoConfig
 from klear.gppo.stage import GppoError, run
+from tests.training import kill_after_first_checkpoint
 
 DIGITS = "reward.scorer=tests.gppo.toy_scorers:digit_fraction"
 
@@ -33,14 +33,7 @@ def test_sigkill_after_a_checkpoint_then_resume(tiny_model: str, demo_files: lis
     output = f"{s3_bucket}/gppo"
     sets = (DIGITS, "max_steps=8", "save_steps=2")
     first = _gppo(tiny_model, demo_files[0], output, tmp_path / "pod-1", tmp_path / "first.log", *sets)
-    deadline = time.monotonic() + 240
-    while not checkpoints.published_steps(output):
-        assert first.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
-        assert time.monotonic() < deadline, "no checkpoint published in time"
-        time.sleep(0.1)
-    first.send_signal(signal.SIGKILL)
-    assert first.wait() == -signal.SIGKILL
-    killed_at = checkpoints.published_steps(output)[-1]
+    killed_at = kill_after_first_checkpoint(first, output, tmp_path / "first.log")
     assert killed_at < 8 and not storage.exists(f"{output}/{storage.MANIFEST_NAME}"), "the first run had finished"
     state = json.loads(storage.read_bytes(f"{checkpoints.checkpoint_uri(output, killed_at)}/gppo_state.json"))
     assert state["refill"]["position"] > 0  # over-sampling drew extra prompts; where it stopped is saved

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +12,7 @@ import pytest
 
 from klear.common import storage
 from klear.common import checkpoints
+from tests.training import kill_after_first_checkpoint
 
 
 def _sft(tiny_model: str, demo_files: list[str], output: str, work: Path, log: Path) -> subprocess.Popen:
@@ -27,14 +26,7 @@ def test_sigkill_after_a_checkpoint_then_resume(tiny_model: str, demo_files: lis
                                                 s3_bucket: str, tmp_path: Path) -> None:
     output = f"{s3_bucket}/sft"
     first = _sft(tiny_model, demo_files, output, tmp_path / "pod-1", tmp_path / "first.log")
-    deadline = time.monotonic() + 240
-    while not checkpoints.published_steps(output):
-        assert first.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
-        assert time.monotonic() < deadline, "no checkpoint published in time"
-        time.sleep(0.1)
-    first.send_signal(signal.SIGKILL)
-    assert first.wait() == -signal.SIGKILL
-    killed_at = checkpoints.published_steps(output)[-1]
+    killed_at = kill_after_first_checkpoint(first, output, tmp_path / "first.log")
     total = reference_run["report"]["training"]["global_step"]
     assert killed_at < total and not storage.exists(f"{output}/{storage.MANIFEST_NAME}"), "the first run had finished"
     # A later checkpoint whose upload was cut off (no manifest) must be ignored.
