@@ -24,7 +24,7 @@ import threading
 import time
 from pathlib import Path
 
-from klear import benchmarks
+from klear import testsets as benchmarks
 from klear.common.records import read_records
 from klear.curate.matching import _NOT_WORD, baseline_contaminated, words
 

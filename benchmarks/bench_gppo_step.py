@@ -22,7 +22,7 @@ from klear.gppo.config import GppoConfig
 from klear.gppo.stage import run
 from klear.sft.config import SftConfig
 from klear.sft.stage import run as sft
-from klear.tiny_model.build import build
+from klear.demo.tiny_model import build
 
 PHASES = ("time/generation_s", "time/rewards_s", "time/update_s")
 

@@ -54,7 +54,7 @@ def tiny_model_speed() -> dict[str, float]:
     from klear.demo.generate import generate
     from klear.sft.config import SftConfig
     from klear.sft.stage import run
-    from klear.tiny_model.build import build
+    from klear.demo.tiny_model import build
 
     with tempfile.TemporaryDirectory(prefix="bench-sft-") as tmp:
         root = Path(tmp)

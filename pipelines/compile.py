@@ -14,7 +14,7 @@ from kfp import compiler
 from kfp.pipeline_spec import pipeline_spec_pb2
 from google.protobuf import json_format
 
-from pipelines.klear import PIPELINES
+from pipelines.definitions import PIPELINES
 
 COMPILED = Path(__file__).resolve().parent / "compiled"
 

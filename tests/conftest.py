@@ -54,7 +54,7 @@ def repo_root() -> Path:
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> str:
     out = tmp_path_factory.mktemp("tiny-model") / "model"
-    from klear.tiny_model.build import build
+    from klear.demo.tiny_model import build
 
     build(str(out))
     return str(out)

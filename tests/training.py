@@ -7,7 +7,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from klear.common import checkpoints
+from klear.training import checkpoints
 
 
 def kill_after_first_checkpoint(process: subprocess.Popen, output: str, log: Path, timeout_s: float = 240) -> int:

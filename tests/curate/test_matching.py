@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from klear import benchmarks
+from klear import testsets as benchmarks
 from klear.common.records import read_records
 from klear.curate.matching import (
     BenchmarkItem,

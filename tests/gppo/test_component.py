@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from klear.common import storage
-from klear.common.launch import accelerate_command
-from klear.common.trainjob import JobSpec, render_trainjob, validate_manifest
+from klear.training.launch import accelerate_command
+from klear.training.trainjob import JobSpec, render_trainjob, validate_manifest
 from klear.gppo.report import metric_items, render_markdown
 
 DIGITS = "reward.scorer=tests.gppo.toy_scorers:digit_fraction"

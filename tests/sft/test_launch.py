@@ -10,7 +10,7 @@ import pytest
 from transformers import AutoModelForCausalLM
 
 from klear.common import storage
-from klear.common.launch import accelerate_command
+from klear.training.launch import accelerate_command
 
 
 def _launch(port: int, tiny_model: str, demo_files: list[str], tmp_path: Path, *sets: str) -> dict:

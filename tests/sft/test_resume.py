@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from klear.common import storage
-from klear.common import checkpoints
+from klear.training import checkpoints
 from tests.training import kill_after_first_checkpoint
 
 

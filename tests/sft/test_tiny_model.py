@@ -9,7 +9,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from klear.cli import main
 from klear.common import storage
-from klear.sft.chat_template import END_OF_TURN
+from klear.common.chat import END_OF_TURN
 
 CHAT = [
     {"role": "user", "content": "What is 2 + 3?"},

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
-from klear.common.launch import accelerate_command, shell_line
+from klear.training.launch import accelerate_command, shell_line
 
 log = logging.getLogger("klear.trainjob")
 

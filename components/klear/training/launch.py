@@ -71,7 +71,7 @@ def run_training_stage(stage: str, model: str, data: list[str], output: str, pre
     from klear.common import storage
 
     if nodes > 1:
-        from klear.common.trainjob import run_trainjob
+        from klear.training.trainjob import run_trainjob
 
         run_trainjob(stage, model, data, output, preset, overrides, nodes, gpus_per_node, run_id)
     elif gpus_per_node > 0:

@@ -28,7 +28,7 @@ from typing import Any
 # Everything this stage reads is local or on S3: no model hub look-ups.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from klear.common import checkpoints, hf_model  # noqa: E402
+from klear.training import checkpoints, hf_model  # noqa: E402
 from klear.gppo.config import GppoConfig  # noqa: E402
 from klear.gppo.data import load_rows  # noqa: E402
 from klear.gppo.metrics import HistoryLogger, summarize  # noqa: E402
@@ -45,7 +45,7 @@ def load_tokenizer(model_dir: Path, model: str, config: GppoConfig) -> Any:
     """The model's tokenizer; rollouts end at <|im_end|> (what SFT taught the model to emit)."""
     from transformers import AutoTokenizer
 
-    from klear.sft.chat_template import END_OF_TURN, QWEN3_CHAT_TEMPLATE
+    from klear.common.chat import END_OF_TURN, QWEN3_CHAT_TEMPLATE
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     if config.chat_template == "qwen3":

@@ -31,7 +31,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from klear import benchmarks as shipped_benchmarks
+from klear import testsets as shipped_benchmarks
 from klear.common import storage
 from klear.common.config import load_config
 from klear.common.parallel import ordered_map, resolve_workers

@@ -1,7 +1,7 @@
 """KFP components of the gppo stage, one per RL run of the paper: math RL after SFT, then code RL.
 
 Thin wrappers around `klear.gppo.stage.run`, launched on CPU, one GPU node or several nodes as
-`klear.common.launch.run_training_stage` describes. Two components rather than one used twice, so
+`klear.training.launch.run_training_stage` describes. Two components rather than one used twice, so
 the run's graph names them as the paper does and each keeps its own preset.
 """
 
@@ -26,7 +26,7 @@ def gppo_math(
     metrics: Output[Metrics],
 ):
     """Math RL of `policy` (the SFT model) on `data` with GPPO; checkpoints to object storage."""
-    from klear.common.launch import run_training_component
+    from klear.training.launch import run_training_component
 
     run_training_component("gppo", "gppo-math", policy, data, preset, list(overrides), gpus_per_node, nodes, run_root,
                            run_id, model, summary, metrics)
@@ -47,7 +47,7 @@ def gppo_code(
     metrics: Output[Metrics],
 ):
     """Code RL of `policy` (the math RL model) on `data` with GPPO; checkpoints to object storage."""
-    from klear.common.launch import run_training_component
+    from klear.training.launch import run_training_component
 
     run_training_component("gppo", "gppo-code", policy, data, preset, list(overrides), gpus_per_node, nodes, run_root,
                            run_id, model, summary, metrics)

@@ -32,9 +32,9 @@ from typing import Any
 # Set before transformers is imported, which reads it once.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from klear.common import checkpoints, hf_model  # noqa: E402
-from klear.common.hf_model import ModelInputError  # noqa: E402
-from klear.sft.chat_template import END_OF_TURN, QWEN3_CHAT_TEMPLATE  # noqa: E402
+from klear.training import checkpoints, hf_model  # noqa: E402
+from klear.training.hf_model import ModelInputError  # noqa: E402
+from klear.common.chat import END_OF_TURN, QWEN3_CHAT_TEMPLATE  # noqa: E402
 from klear.sft.config import SftConfig  # noqa: E402
 from klear.sft.data import encode_example, iter_conversations  # noqa: E402
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from klear.common import storage
-from klear.sft.chat_template import END_OF_TURN, QWEN3_CHAT_TEMPLATE, START_OF_TURN, THINK_CLOSE, THINK_OPEN
+from klear.common.chat import END_OF_TURN, QWEN3_CHAT_TEMPLATE, START_OF_TURN, THINK_CLOSE, THINK_OPEN
 
 PAD = "<|endoftext|>"
 SPECIAL_TOKENS = (PAD, START_OF_TURN, END_OF_TURN)

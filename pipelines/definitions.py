@@ -18,10 +18,9 @@ from typing import NamedTuple
 from kfp import dsl
 
 from klear.curate.component import curate
-from klear.demo.component import demo_data
 from klear.gppo.component import gppo_code, gppo_math
 from klear.sft.component import sft
-from klear.tiny_model.component import tiny_model
+from klear.demo.component import demo_data, tiny_model
 
 S3_SECRET = "klear-s3"  # created by the Helm chart in charts/: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL
 

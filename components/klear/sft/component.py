@@ -1,5 +1,5 @@
 """KFP component of the sft stage: a thin wrapper around `klear.sft.stage.run`, launched on CPU, one GPU
-node or several nodes as `klear.common.launch.run_training_stage` describes."""
+node or several nodes as `klear.training.launch.run_training_stage` describes."""
 
 from kfp import dsl
 from kfp.dsl import Dataset, Input, Markdown, Metrics, Model, Output
@@ -22,7 +22,7 @@ def sft(
     metrics: Output[Metrics],
 ):
     """Long-CoT SFT of `base_model` on `data` (assistant-only loss, packing, checkpoints to object storage)."""
-    from klear.common.launch import run_training_component
+    from klear.training.launch import run_training_component
 
     run_training_component("sft", "sft", base_model, data, preset, list(overrides), gpus_per_node, nodes, run_root,
                            run_id, model, summary, metrics)

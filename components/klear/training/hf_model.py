@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from klear.common import storage
-from klear.common.launch import LAUNCH_CONFIGS
+from klear.training.launch import LAUNCH_CONFIGS
 
 
 class ModelInputError(ValueError):

@@ -18,7 +18,7 @@ from collections.abc import Callable
 COMMANDS = {
     "demo-data": "klear.demo.generate",
     "curate": "klear.curate.stage",
-    "tiny-model": "klear.tiny_model.build",
+    "tiny-model": "klear.demo.tiny_model",
     "sft": "klear.sft.stage",
     "gppo": "klear.gppo.stage",
     "verify-math": "klear.verifiers.cli",

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from klear import benchmarks
+from klear import testsets as benchmarks
 from klear.common import storage
 from klear.common.records import read_records, write_records
 

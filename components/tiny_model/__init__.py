@@ -1,1 +1,0 @@
-"""Tiny Qwen3-style model and tokenizer for the CPU preset."""
