@@ -329,7 +329,7 @@ def _report(
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    from klear.cli import add_config_arguments
+    from klear.common.cli import add_config_arguments
 
     parser = subparsers.add_parser(
         "curate",

@@ -121,7 +121,7 @@ def run(model: str, data: list[str], output: str, config: GppoConfig, work_dir: 
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    from klear.cli import add_training_stage
+    from klear.common.cli import add_training_stage
 
     add_training_stage(subparsers, "gppo", help="RL with GPPO (math or code; ablation losses), resumable", description=__doc__,
                        model_help="policy to start from: the SFT (or math RL) output",

@@ -201,7 +201,7 @@ def run(model: str, data: list[str], output: str, config: SftConfig, work_dir: s
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    from klear.cli import add_training_stage
+    from klear.common.cli import add_training_stage
 
     add_training_stage(subparsers, "sft", help="long-CoT SFT on TRL (assistant-only loss, packing, resumable)", description=__doc__,
                        model_help="base model: a Hugging Face folder (path, file://, s3://)",

@@ -11,7 +11,7 @@ from klear.verifiers.config import VerifierConfig
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    from klear.cli import add_config_arguments
+    from klear.common.cli import add_config_arguments
 
     p = subparsers.add_parser("verify-math", help="judge math answers: JSONL {response, gold} -> JSONL verdicts")
     p.add_argument("--input", required=True, help="JSONL file, one {\"response\": ..., \"gold\": ...} a line")

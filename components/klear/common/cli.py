@@ -1,0 +1,49 @@
+"""Command-line options the stages share (config presets and overrides, the training-stage command).
+
+Stages import this module, never `klear.cli`: the `klear` command knows the stages through its registry of
+module names, and the stages know nothing of it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections.abc import Callable
+
+
+def add_config_arguments(parser: argparse.ArgumentParser, default_preset: str = "paper", presets: str = "paper, tiny") -> None:
+    """The config options every stage shares: a preset name or YAML file, and key=value overrides."""
+    parser.add_argument(
+        "--config", default=default_preset, help=f"preset name ({presets}) or YAML file (default: {default_preset})"
+    )
+    parser.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override one config key"
+    )
+
+
+def add_training_stage(subparsers: argparse._SubParsersAction, name: str, help: str, description: str, model_help: str,
+                       data_help: str, default_preset: str, config_class: type, run: Callable[..., dict]) -> None:
+    """The command of a training stage (sft, gppo): model, data, output, scratch folder, config; prints a summary."""
+    parser = subparsers.add_parser(name, help=help, description=description,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", required=True, metavar="URI", help=model_help)
+    parser.add_argument("--data", nargs="+", required=True, metavar="URI", help=data_help)
+    parser.add_argument("--output", required=True, metavar="URI", help="output location; checkpoints under <output>/checkpoints")
+    parser.add_argument("--work-dir", default=None,
+                        help=f"local scratch folder shared by the node's ranks (default: $TMPDIR/klear-{name}-<hash of --output>)")
+    from klear.common.config import preset_names
+
+    add_config_arguments(parser, default_preset, ", ".join(preset_names(config_class)))
+
+    def main(args: argparse.Namespace) -> int:
+        from klear.common.config import load_config
+
+        report = run(args.model, args.data, args.output, load_config(config_class, args.config, args.overrides),
+                     args.work_dir)
+        if os.environ.get("RANK", "0") == "0":  # one summary per job, not per rank
+            print(json.dumps({"data": {k: v for k, v in report["data"].items() if k != "skipped_examples"},
+                              "training": report["training"], "metrics": report["metrics"]}))
+        return 0
+
+    parser.set_defaults(func=main)
