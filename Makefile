@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install demo test pipeline bench clean
+.PHONY: install demo test test-fast typecheck pipeline bench clean
 
 install: $(STAMP)
 
@@ -17,9 +17,17 @@ $(STAMP): pyproject.toml constraints.txt
 demo: pipeline
 	$(BIN)/python -m pipelines.run_local klear-reasoner-demo --workdir runs/demo
 
-# pytest exits 5 when it collects nothing; that is not a failure of the suite.
-test: install
+# The type check, then every test. pytest exits 5 when it collects nothing; that is not a failure of the suite.
+test: typecheck
 	$(BIN)/python -m pytest; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; rc=0; fi; exit $$rc
+
+# The inner loop: everything but the end-to-end runs (marked slow).
+test-fast: install
+	$(BIN)/python -m pytest -m "not slow"; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; rc=0; fi; exit $$rc
+
+# mypy over every module of the package, the pipelines and the benchmarks (settings in pyproject.toml).
+typecheck: install
+	$(BIN)/mypy
 
 pipeline: install
 	$(BIN)/python -m pipelines.compile

@@ -1,7 +1,7 @@
 import os
 from pathlib import Path
 
-from klear.common.parallel import cgroup_cpu_limit, ordered_map, resolve_workers
+from klear.common.parallel import available_cores, cgroup_cpu_limit, ordered_map, resolve_workers
 
 
 def _square_after_pid(x: int) -> tuple[int, int]:
@@ -25,4 +25,11 @@ def test_cgroup_limit_parsing(tmp_path: Path) -> None:
     assert cgroup_cpu_limit(str(limited)) == 1.5
     assert cgroup_cpu_limit(str(unlimited)) is None
     assert cgroup_cpu_limit(str(tmp_path / "absent")) is None
-    assert resolve_workers(3) == 3 and resolve_workers(0) >= 1
+
+
+def test_workers_follow_the_container_limit_not_the_node() -> None:
+    assert resolve_workers(3) == 3  # an explicit count is taken as is
+    assert available_cores(affinity=64, limit=2.5) == 3  # a pod limited to 2.5 CPUs on a 64-core node
+    assert available_cores(affinity=2, limit=None) == 2  # no limit: the affinity mask
+    assert available_cores(affinity=4, limit=0.5) == 1  # never zero workers
+    assert available_cores(affinity=2, limit=8.0) == 2  # a limit above the mask does not add cores

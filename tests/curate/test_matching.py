@@ -104,9 +104,11 @@ def test_short_prompts_match_only_inside_a_benchmark_text(index: NgramIndex, ite
     match = index.match_short(inside)
     assert match is not None and items[3].id in match.item_ids
     assert index.match_short(["zebra", "quantum", "teapot"]) is None
-    # Word boundaries: a prefix of a benchmark word is not a match.
-    whole = words(items[3].text)
-    assert index.match_short([whole[2][:-1]] if len(whole[2]) > 1 else ["qqq"]) is None or len(whole[2]) <= 1
+    # Word boundaries: a benchmark word matches, its prefix (not itself a word of any item) does not.
+    every_word = {w for item in items for w in words(item.text)}
+    word = next(w for w in words(items[3].text) if len(w) >= 4 and w[:-1] not in every_word)
+    assert index.match_short([word]) is not None
+    assert index.match_short([word[:-1]]) is None
 
 
 def test_agrees_with_the_straightforward_baseline(index: NgramIndex, items: list[BenchmarkItem]) -> None:

@@ -25,18 +25,21 @@ def cgroup_cpu_limit(cpu_max: str = "/sys/fs/cgroup/cpu.max") -> float | None:
     return None if quota == "max" else int(quota) / int(period)
 
 
+def available_cores(affinity: int, limit: float | None) -> int:
+    """Cores a process may use: its affinity mask, capped by the container's CPU limit (rounded up), at least 1."""
+    cores = affinity if limit is None else min(affinity, math.ceil(limit))
+    return max(1, cores)
+
+
 def resolve_workers(requested: int) -> int:
     """0 means one worker per core available to this process (affinity mask and container CPU limit)."""
     if requested > 0:
         return requested
     try:
-        cores = len(os.sched_getaffinity(0))
+        affinity = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
-        cores = os.cpu_count() or 1
-    limit = cgroup_cpu_limit()
-    if limit is not None:
-        cores = min(cores, math.ceil(limit))
-    return max(1, cores)
+        affinity = os.cpu_count() or 1
+    return available_cores(affinity, cgroup_cpu_limit())
 
 
 def ordered_map(

@@ -84,7 +84,7 @@ def _math_problem(rng: random.Random) -> tuple[str, int, str]:
 
 
 def math_items(count: int, rng: random.Random) -> list[dict[str, Any]]:
-    items = []
+    items: list[dict[str, Any]] = []
     seen: set[str] = set()
     while len(items) < count:
         text, answer, steps = _math_problem(rng)

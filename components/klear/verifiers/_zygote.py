@@ -214,9 +214,10 @@ def _run_program(job: dict, state: dict, workdir: str) -> None:
 
     os.environ.clear()
     os.environ.update({"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": workdir, "TMPDIR": workdir})
-    sys.stdin = sys.__stdin__ = open(0, encoding="utf-8", errors="replace", closefd=False)
-    sys.stdout = sys.__stdout__ = open(1, "w", encoding="utf-8", closefd=False)
-    sys.stderr = sys.__stderr__ = open(2, "w", encoding="utf-8", closefd=False)
+    # The program's own streams, and the __std*__ originals too, so nothing reaches the zygote's pipes.
+    sys.stdin = sys.__stdin__ = open(0, encoding="utf-8", errors="replace", closefd=False)  # type: ignore[misc]
+    sys.stdout = sys.__stdout__ = open(1, "w", encoding="utf-8", closefd=False)  # type: ignore[misc]
+    sys.stderr = sys.__stderr__ = open(2, "w", encoding="utf-8", closefd=False)  # type: ignore[misc]
     code = 0
     try:
         # The helper imports were executed once in the zygote; this child has its own (copy-on-write)

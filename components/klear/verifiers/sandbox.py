@@ -24,6 +24,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO, Any
 
 from klear.common.parallel import resolve_workers
 from klear.verifiers.config import VerifierConfig
@@ -138,13 +139,19 @@ class _Slot:
             raise SandboxUnavailable(f"sandbox refused to start: {error}")
         self.info = reply
 
-    def _send(self, obj) -> None:
+    def _pipes(self) -> tuple[IO[bytes], IO[bytes]]:
+        """The running zygote's stdin and stdout (start() opened both)."""
+        assert self.proc is not None and self.proc.stdin is not None and self.proc.stdout is not None
+        return self.proc.stdin, self.proc.stdout
+
+    def _send(self, obj: Any) -> None:
         data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-        self.proc.stdin.write(struct.pack(">I", len(data)) + data)
-        self.proc.stdin.flush()
+        stdin, _ = self._pipes()
+        stdin.write(struct.pack(">I", len(data)) + data)
+        stdin.flush()
 
     def _read_exact(self, size: int, deadline: float) -> bytes | None:
-        fd = self.proc.stdout.fileno()
+        fd = self._pipes()[1].fileno()
         chunks, got = [], 0
         while got < size:
             left = deadline - time.monotonic()
@@ -189,7 +196,8 @@ class _Slot:
         self.proc.wait()
         for stream in (self.proc.stdin, self.proc.stdout):
             try:
-                stream.close()
+                if stream is not None:
+                    stream.close()
             except OSError:
                 pass
         self.proc = None
@@ -198,7 +206,7 @@ class _Slot:
         if self.proc is None:
             return
         try:
-            self.proc.stdin.close()  # EOF: the zygote exits after its current job
+            self._pipes()[0].close()  # EOF: the zygote exits after its current job
             self.proc.wait(timeout=5)
         except (OSError, subprocess.TimeoutExpired):
             pass
@@ -245,7 +253,7 @@ class SandboxPool:
             setup = {
                 "min_landlock_abi": MIN_LANDLOCK_ABI, "allow_unconfined": self.config.allow_unconfined,
                 "seccomp_dir": seccomp_dir, "read_paths": read_paths, "stdlib_paths": stdlib,
-                "uid": self.config.slot_uid_base + i if use_uid else None,
+                "uid": self.config.slot_uid_base + i if use_uid and self.config.slot_uid_base is not None else None,
                 "workdir_root": self.workdir_root, "keep_workdir": keep_workdir,
             }
             slot = _Slot(i, setup)
@@ -269,7 +277,7 @@ class SandboxPool:
             timeout_s: float | None = None) -> RunResult:
         """Run one program. stdin mode feeds `stdin`; functional mode calls Solution().fn_name(*args)."""
         c = self.config
-        job = {
+        job: dict[str, Any] = {
             "code": code, "stdin": stdin.encode() if isinstance(stdin, str) else stdin,
             "fn_name": fn_name, "args": args, "timeout_s": float(timeout_s or c.timeout_s),
             "memory_mb": c.memory_mb, "output_limit": c.output_limit_bytes, "file_limit": c.file_limit_bytes,

@@ -1,0 +1,147 @@
+"""The package's layers, checked from the source so they stay true as stages are added.
+
+Dependencies point one way: every stage -> common; training stages -> training; stages that judge samples ->
+verifiers; the `klear` command -> stages only through its registry of module names (no import); pipelines ->
+stage components. `klear.common`, the verifiers and curate run in the CPU image: importable without torch.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "components" / "klear"
+
+# Sub-package -> the sub-packages it may import. A new stage adds its line here, on purpose.
+ALLOWED: dict[str, set[str]] = {
+    "common": set(),
+    "testsets": set(),
+    "training": {"common"},
+    "verifiers": {"common"},
+    "curate": {"common", "testsets"},
+    "demo": {"common", "testsets"},
+    "sft": {"common", "training"},
+    "gppo": {"common", "training", "verifiers"},
+    "cli": {"common"},
+}
+# Packages that only exist in the training (GPU) image.
+TRAINING_ONLY = ("torch", "transformers", "trl", "deepspeed", "accelerate", "vllm")
+TORCH_FREE = ("common", "verifiers", "curate", "cli")
+
+
+def _klear_imports(path: Path) -> set[str]:
+    """Absolute `klear.*` module names imported anywhere in the file (module level or inside functions)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add(node.module)
+            if node.module == "klear":  # `from klear import testsets`
+                found.update(f"klear.{alias.name}" for alias in node.names)
+    return {name for name in found if name == "klear" or name.startswith("klear.")}
+
+
+def _subpackage(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else None
+
+
+def _modules() -> list[Path]:
+    return sorted(PACKAGE.rglob("*.py"))
+
+
+def _owner(path: Path) -> str:
+    rel = path.relative_to(PACKAGE)
+    return rel.parts[0] if len(rel.parts) > 1 else rel.stem
+
+
+def test_every_subpackage_has_declared_dependencies() -> None:
+    owners = {_owner(p) for p in _modules()} - {"__init__"}
+    assert owners <= set(ALLOWED), f"declare the layer of {sorted(owners - set(ALLOWED))} in ALLOWED"
+
+
+def test_imports_point_one_way() -> None:
+    wrong = []
+    for path in _modules():
+        owner = _owner(path)
+        if owner == "__init__":
+            continue
+        for module in _klear_imports(path):
+            target = _subpackage(module)
+            if target is None or target == owner:
+                continue
+            if target not in ALLOWED[owner]:
+                wrong.append(f"{path.relative_to(ROOT)}: {owner} imports {module}")
+    assert not wrong, "imports against the layering:\n" + "\n".join(wrong)
+
+
+def test_nothing_in_the_package_imports_pipelines() -> None:
+    offenders = []
+    for path in _modules():
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            if any(n == "pipelines" or n.startswith("pipelines.") for n in names):
+                offenders.append(str(path.relative_to(ROOT)))
+    assert not offenders
+
+
+def test_pipelines_use_stage_components_and_common_only() -> None:
+    wrong = []
+    for path in sorted((ROOT / "pipelines").glob("*.py")):
+        for module in _klear_imports(path):
+            parts = module.split(".")
+            if parts[1:2] == ["common"] or parts[-1] == "component":
+                continue
+            wrong.append(f"{path.name}: {module}")
+    assert not wrong, wrong
+
+
+def test_the_checker_sees_a_violation(tmp_path: Path) -> None:
+    """The parser must catch both import forms, or the layering test passes vacuously."""
+    sample = tmp_path / "m.py"
+    sample.write_text("import klear.sft.stage\ndef f():\n    from klear import gppo\n    from klear.cli import main\n")
+    assert _klear_imports(sample) == {"klear.sft.stage", "klear", "klear.gppo", "klear.cli"}
+
+
+_BLOCKER = """
+import importlib.abc, sys
+BLOCKED = {blocked!r}
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in BLOCKED:
+            raise ImportError(f"{{name}} is not available in the CPU image")
+        return None
+sys.meta_path.insert(0, Block())
+import importlib, pkgutil, klear
+failed = []
+for sub in {subpackages!r}:
+    names = [f"klear.{{sub}}"]
+    pkg = importlib.import_module(f"klear.{{sub}}")
+    if hasattr(pkg, "__path__"):
+        names += [m.name for m in pkgutil.walk_packages(pkg.__path__, f"klear.{{sub}}.")]
+    for name in names:
+        if name.endswith(".component") or name.split(".")[-1].startswith("_"):
+            continue  # KFP wrappers need kfp; worker entry points run as scripts
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            failed.append(f"{{name}}: {{exc}}")
+print("\\n".join(failed))
+sys.exit(1 if failed else 0)
+"""
+
+
+@pytest.mark.parametrize("subpackage", TORCH_FREE)
+def test_cpu_image_modules_import_without_torch(subpackage: str) -> None:
+    code = _BLOCKER.format(blocked=set(TRAINING_ONLY), subpackages=[subpackage])
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
