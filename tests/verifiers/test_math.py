@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from klear.benchmarks import all_paths
+from klear.testsets import all_paths
 from klear.verifiers import MathVerifier, VerifierConfig, extract_answer, format_ok
 from klear.verifiers.math_verifier import find_boxes
 

@@ -2,8 +2,9 @@
 
 Only a process-level kill stops CPU-bound reward code (a sympy blow-up, a stuck sandbox call); thread and
 asyncio timeouts do not. The caller is a multi-threaded trainer with torch loaded, so workers are plain
-`python -m klear.gppo._reward_worker` subprocesses (no fork), each in its own session: killing the session's
-process group on overrun takes the scorer's children with it.
+`python -m klear.gppo._reward_worker` subprocesses (no fork) run by klear.common.workers.WorkerPool, each in its
+own session (killing the session's process group on overrun takes the scorer's children with it) and without
+the caller's secrets.
 
     with RewardPool(config.reward, config.verifier) as pool:
         outcomes = pool.score([{"task": "math", "response": text, "answer": "4"}, ...])   # input order
@@ -12,22 +13,13 @@ process group on overrun takes the scorer's children with it.
 from __future__ import annotations
 
 import atexit
-import contextlib
 import logging
-import os
-import re
-import signal
-import subprocess
-import sys
-import threading
-import time
-from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
-from multiprocessing.connection import Connection, wait
 from typing import Literal
 
 from klear.common.parallel import resolve_workers
+from klear.common.workers import WorkerPool
 from klear.gppo.config import RewardConfig
 from klear.verifiers.code_verifier import CodeResult, CodeVerifier, TestCase
 from klear.verifiers.config import VerifierConfig
@@ -35,18 +27,15 @@ from klear.verifiers.math_verifier import extract_answer, format_ok, judge
 
 __all__ = [
     "RewardOutcome", "RewardPool", "code_outcome", "code_reward", "failed_outcome", "format_reward_override",
-    "math_outcome", "math_reward", "math_verdict", "score_rollout", "worker_env", "worker_verifier",
+    "math_outcome", "math_reward", "math_verdict", "score_rollout", "worker_verifier",
 ]
 
 log = logging.getLogger(__name__)
 
-START_TIMEOUT_S = 120.0  # a worker imports torch (through klear.gppo.config) and the verifiers before it is ready
+# A worker imports the verifiers (math-verify, sympy) and the scorer before it is ready: seconds, but a node busy
+# with a trainer can make it much slower. (No torch: klear.gppo.config keeps the loss names out of losses.py.)
+START_TIMEOUT_S = 120.0
 CLOSE_GRACE_S = 5.0  # on close, time for workers to shut their sandbox pools down before they are killed
-
-# Environment variables a reward worker never sees: cloud and hub credentials, tokens, keys, passwords, and
-# proxy URLs (which can carry a user:password).
-_SECRET_ENV = re.compile(
-    r"^(AWS|AZURE|GCP|GOOGLE)_|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH|(^|_)KEYS?(_|$)|PROXY", re.IGNORECASE)
 
 
 # --- scoring rules (pure) ---------------------------------------------------------------------------------
@@ -183,14 +172,6 @@ def score_rollout(task: dict, cfg: RewardConfig, verifier: VerifierConfig) -> Re
 
 
 # --- worker processes ---------------------------------------------------------------------------------
-def worker_env(environ: Mapping[str, str], sys_path: list[str]) -> dict[str, str]:
-    """A worker's environment: the caller's without secrets, and PYTHONPATH = the caller's sys.path (so a scorer
-    importable here, such as a test helper, is importable there)."""
-    env = {k: v for k, v in environ.items() if not _SECRET_ENV.search(k)}
-    env["PYTHONPATH"] = os.pathsep.join(os.path.abspath(p) if p else os.getcwd() for p in sys_path)
-    return env
-
-
 def worker_verifier(verifier: VerifierConfig, index: int, workers: int, cores: int) -> VerifierConfig:
     """Worker `index`'s verifier settings: its share of the sandbox slots, and slot uids no other worker uses.
 
@@ -204,42 +185,6 @@ def worker_verifier(verifier: VerifierConfig, index: int, workers: int, cores: i
                                        "slot_uid_base": None if base is None else base + index * slots})
 
 
-class _Worker:
-    """One reward worker process and the pipes to it; `ready` once it has loaded its scorer."""
-
-    def __init__(self, setup: tuple[str, str], env: dict[str, str]):
-        self.setup, self.env = setup, env
-        self.start()
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "klear.gppo._reward_worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            env=self.env, close_fds=True, start_new_session=True)
-        self.conn = Connection(os.dup(self.proc.stdout.fileno()), writable=False)
-        self.out = Connection(os.dup(self.proc.stdin.fileno()), readable=False)
-        self.proc.stdin.close()
-        self.proc.stdout.close()
-        self.ready = False
-        self.start_deadline = time.monotonic() + START_TIMEOUT_S
-        with contextlib.suppress(OSError):  # a worker that died at once is reported when its reply is read
-            self.out.send(self.setup)
-
-    def kill(self) -> int:
-        """SIGKILL the worker's process group; returns the worker's exit status."""
-        if self.proc.returncode is None:  # not reaped yet, so its group id cannot have been reused
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-        status = self.proc.wait()
-        self.conn.close()
-        self.out.close()
-        return status
-
-    def restart(self) -> int:
-        status = self.kill()
-        self.start()
-        return status
-
-
 class RewardPool:
     """Score rollouts on worker processes running `cfg.scorer`; every rollout is scored within `cfg.budget_s`.
 
@@ -251,111 +196,55 @@ class RewardPool:
     def __init__(self, cfg: RewardConfig, verifier: VerifierConfig):
         self.cfg, self.verifier = cfg, verifier
         self.workers = resolve_workers(cfg.workers)
-        self.timeouts = self.errors = 0  # over the pool's life
-        self.last_timeouts = self.last_errors = 0  # in the latest score()
-        self._env = worker_env(os.environ, sys.path)
-        self._procs: list[_Worker] = []
-        self._lock = threading.Lock()
+        cfg_json, cores = cfg.model_dump_json(), resolve_workers(0)
+
+        def setup(index: int) -> tuple[str, str]:  # each worker its own share of the sandbox slots
+            return cfg_json, worker_verifier(verifier, index, self.workers, cores).model_dump_json()
+
+        self._pool = WorkerPool("klear.gppo._reward_worker", self.workers, setup, item_timeout_s=cfg.budget_s,
+                                start_timeout_s=START_TIMEOUT_S, close_grace_s=CLOSE_GRACE_S, name="reward worker")
+
+    # Rollouts that overran the budget / could not be scored: over the pool's life, and in the latest score().
+    @property
+    def timeouts(self) -> int:
+        return self._pool.timeouts
+
+    @property
+    def errors(self) -> int:
+        return self._pool.errors
+
+    @property
+    def last_timeouts(self) -> int:
+        return self._pool.last_timeouts
+
+    @property
+    def last_errors(self) -> int:
+        return self._pool.last_errors
 
     def score(self, tasks: list[dict]) -> list[RewardOutcome]:
         """Outcomes of `tasks`, in the same order."""
-        with self._lock:
-            try:
-                if not self._procs:
-                    self._start()
-                return self._run(tasks)
-            except BaseException:
-                self.close()  # no worker is left holding a task whose reply the next call would misread
-                raise
+        outcomes = []
+        for task, reply in zip(tasks, self._pool.run(tasks)):
+            if reply.ok:
+                outcomes.append(RewardOutcome(**reply.value))
+            elif reply.status == "timeout":
+                outcomes.append(failed_outcome(task, self.cfg, "timeout", timed_out=True))
+            else:
+                outcomes.append(failed_outcome(task, self.cfg, f"error: {reply.message}", timed_out=False))
+        self._warn(outcomes)
+        return outcomes
 
-    def _start(self) -> None:
-        cfg_json, cores = self.cfg.model_dump_json(), resolve_workers(0)
-        self._procs = [
-            _Worker((cfg_json, worker_verifier(self.verifier, i, self.workers, cores).model_dump_json()), self._env)
-            for i in range(self.workers)]
-        for w in self._procs:
-            if not w.conn.poll(max(0.0, w.start_deadline - time.monotonic())):
-                raise RuntimeError(f"reward worker did not start within {START_TIMEOUT_S:.0f} s")
-            self._on_ready_reply(w)
-
-    def _on_ready_reply(self, w: _Worker) -> None:
-        try:
-            status, detail = w.conn.recv()
-        except (EOFError, OSError):
-            status, detail = "exited", f"exit status {w.kill()} (its stderr is above)"
-        if status != "ready":
-            raise RuntimeError(f"reward worker failed to start with scorer {self.cfg.scorer!r}: {detail}")
-        w.ready = True
-
-    def _reply(self, w: _Worker, task: dict) -> tuple[RewardOutcome, bool]:
-        """The worker's outcome for `task` and whether it is an error; a dead worker is replaced."""
-        try:
-            status, value = w.conn.recv()
-        except (EOFError, OSError):
-            reason = f"error: reward worker died (exit status {w.restart()})"
-            return failed_outcome(task, self.cfg, reason, timed_out=False), True
-        if status == "ok":
-            return RewardOutcome(**value), False
-        return failed_outcome(task, self.cfg, f"error: {value}", timed_out=False), True
-
-    def _run(self, tasks: list[dict]) -> list[RewardOutcome]:
-        outcomes: list[RewardOutcome | None] = [None] * len(tasks)
-        todo = deque(range(len(tasks)))
-        busy: dict[_Worker, tuple[int, float]] = {}  # worker -> (task index, deadline)
-        timeouts, errors = 0, []
-        while todo or busy:
-            for w in self._procs:
-                if todo and w.ready and w not in busy:
-                    try:
-                        w.out.send(tasks[todo[0]])
-                    except OSError:  # died while idle: replace it, the task waits for another worker
-                        w.restart()
-                        continue
-                    busy[w] = (todo.popleft(), time.monotonic() + self.cfg.budget_s)
-            starting = [w for w in self._procs if not w.ready]
-            deadlines = [d for _, d in busy.values()] + [w.start_deadline for w in starting]
-            by_conn = {w.conn: w for w in (*busy, *starting)}
-            for conn in wait(list(by_conn), timeout=max(0.0, min(deadlines) - time.monotonic())):
-                w = by_conn[conn]
-                if not w.ready:
-                    self._on_ready_reply(w)
-                    continue
-                i, _ = busy.pop(w)
-                outcomes[i], failed = self._reply(w, tasks[i])
-                if failed:
-                    errors.append(outcomes[i].reason)
-            now = time.monotonic()
-            for w, (i, deadline) in list(busy.items()):
-                if deadline <= now:
-                    del busy[w]
-                    outcomes[i] = failed_outcome(tasks[i], self.cfg, "timeout", timed_out=True)
-                    timeouts += 1
-                    w.restart()
-            if any(not w.ready and w.start_deadline <= now for w in starting):
-                raise RuntimeError(f"a replacement reward worker did not start within {START_TIMEOUT_S:.0f} s")
-        self._count(timeouts, errors)
-        return outcomes  # type: ignore[return-value]
-
-    def _count(self, timeouts: int, errors: list[str]) -> None:
-        self.last_timeouts, self.last_errors = timeouts, len(errors)
-        self.timeouts += timeouts
-        self.errors += len(errors)
-        if timeouts:
-            log.warning("%d rollout(s) overran the %.1f s reward budget: scored %s, workers replaced", timeouts,
-                        self.cfg.budget_s, self.cfg.timeout_reward)
-        if errors:
-            log.warning("%d rollout(s) could not be scored (first: %s)", len(errors), errors[0])
+    def _warn(self, outcomes: list[RewardOutcome]) -> None:
+        if self.last_timeouts:
+            log.warning("%d rollout(s) overran the %.1f s reward budget: scored %s, workers replaced",
+                        self.last_timeouts, self.cfg.budget_s, self.cfg.timeout_reward)
+        if self.last_errors:
+            first = next((o.reason for o in outcomes if o.reason.startswith("error: ")), "?")
+            log.warning("%d rollout(s) could not be scored (first: %s)", self.last_errors, first)
 
     def close(self) -> None:
-        """Ask every worker to stop (EOF), give them a moment to shut their sandboxes, then kill what is left."""
-        for w in self._procs:
-            w.out.close()
-        deadline = time.monotonic() + CLOSE_GRACE_S
-        for w in self._procs:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                w.proc.wait(max(0.0, deadline - time.monotonic()))
-            w.kill()
-        self._procs = []
+        """Ask every worker to stop, give them a moment to shut their sandboxes, then kill what is left."""
+        self._pool.close()
 
     def __enter__(self) -> RewardPool:
         return self

@@ -1,8 +1,29 @@
-"""Entry point of a math verification worker process: `python -m klear.verifiers._math_worker TIMEOUT`."""
+"""Entry point of a math verification worker process: `python -m klear.verifiers._math_worker`.
 
-import sys
+Started by MathVerifier's WorkerPool (klear.common.workers): the setup payload is math-verify's timeout in whole
+seconds; each item is (gold, answer, boxed), answered with math-verify's verdict.
+"""
 
-from klear.verifiers.math_verifier import _worker_main
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from klear.common.workers import serve
+from klear.verifiers.math_verifier import judge
+
+
+def make_judge(timeout: int) -> Callable[[tuple[str, str, bool]], bool]:
+    """The handler of this worker; math-verify is imported here, so the first item is not charged for it."""
+    logging.disable(logging.WARNING)  # math-verify logs every parse timeout
+    import math_verify  # noqa: F401
+
+    def handle(item: tuple[str, str, bool]) -> bool:
+        gold, answer, boxed = item
+        return judge(gold, answer, boxed, timeout)
+
+    return handle
+
 
 if __name__ == "__main__":
-    _worker_main(int(sys.argv[1]))
+    serve(make_judge)

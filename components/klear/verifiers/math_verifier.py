@@ -2,29 +2,22 @@
 
 math-verify's timeouts use SIGALRM, which works only on a process's main thread, and a pathological
 expression can still stall sympy: each worker is a process serving items on its main thread, and the
-parent kills (and replaces) a worker that overruns an item's wall-clock budget.
+parent kills (and replaces) a worker that overruns an item's wall-clock budget, with its process group.
+The workers (klear.common.workers.WorkerPool running `klear.verifiers._math_worker`) get no secrets.
 """
 
 from __future__ import annotations
 
-import logging
-import os
-import subprocess
-import sys
-import threading
-import time
-from collections import deque
 from dataclasses import asdict, dataclass
-from multiprocessing.connection import Connection, wait
 
 from klear.common.parallel import resolve_workers
+from klear.common.workers import WorkerPool
 from klear.verifiers.config import VerifierConfig
 
 __all__ = ["Extraction", "MathResult", "MathVerifier", "extract_answer", "find_boxes", "format_ok"]
 
-log = logging.getLogger(__name__)
-
 _BOX_COMMANDS = ("\\boxed", "\\fbox")
+START_TIMEOUT_S = 60.0  # a worker imports math-verify (and sympy) before it says ready
 
 
 # --- pure extraction ---------------------------------------------------------------------------
@@ -155,25 +148,6 @@ def judge(gold: str, answer: str, boxed: bool, timeout: int) -> bool:
     return bool(verify(gold_parsed, pred, timeout_seconds=timeout))
 
 
-def _worker_main(timeout: int) -> None:
-    """Serve items over stdin/stdout on this process's main thread (where SIGALRM works)."""
-    logging.disable(logging.WARNING)  # math-verify logs every parse timeout
-    reader, writer = Connection(0, writable=False), Connection(os.dup(1), readable=False)
-    os.dup2(2, 1)  # stray prints must not corrupt the protocol
-    import math_verify  # noqa: F401 - import before saying ready, so the first item is not charged for it
-
-    writer.send("ready")
-    while True:
-        try:
-            gold, answer, boxed = reader.recv()
-        except EOFError:
-            return
-        try:
-            writer.send(("ok", judge(gold, answer, boxed, timeout)))
-        except Exception as exc:  # noqa: BLE001 - a parse failure is a wrong answer, not a crash
-            writer.send(("error", repr(exc)[:200]))
-
-
 # --- the pool ------------------------------------------------------------------------------------------
 @dataclass
 class MathResult:
@@ -186,52 +160,15 @@ class MathResult:
         return asdict(self)
 
 
-class _Worker:
-    """A `python -m klear.verifiers._math_worker` process.
-
-    A plain subprocess rather than multiprocessing: spawn would re-import the caller's __main__, and
-    fork is unsafe in a multi-threaded caller (a trainer).
-    """
-
-    def __init__(self, timeout: int):
-        self.timeout = timeout
-        self.failed_starts = 0
-        self.start()
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "klear.verifiers._math_worker", str(self.timeout)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True,
-        )
-        self.conn = Connection(os.dup(self.proc.stdout.fileno()), writable=False)
-        self.out = Connection(os.dup(self.proc.stdin.fileno()), readable=False)
-        self.proc.stdin.close()
-        self.proc.stdout.close()
-        self.ready = False
-
-    def stop(self) -> None:
-        self.proc.kill()
-        self.proc.wait()
-        self.conn.close()
-        self.out.close()
-
-    def restart(self) -> None:
-        self.stop()
-        self.start()
-
-
 class MathVerifier:
     """Batch math verification on a pool of worker processes; every item ends within its budget."""
 
     def __init__(self, config: VerifierConfig | None = None):
         self.config = config or VerifierConfig()
-        self._workers: list[_Worker] = []
-        self._lock = threading.Lock()
-
-    def _ensure_workers(self) -> None:
-        if not self._workers:
-            n = resolve_workers(self.config.math_workers)  # 0: the container's CPU limit
-            self._workers = [_Worker(self.config.math_timeout_s) for _ in range(n)]
+        # Workers start on the first batch; 0 workers means one per core of the container's CPU limit.
+        self._pool = WorkerPool("klear.verifiers._math_worker", resolve_workers(self.config.math_workers),
+                                setup=self.config.math_timeout_s, item_timeout_s=self.config.math_item_timeout_s,
+                                start_timeout_s=START_TIMEOUT_S, name="math verification worker")
 
     def verify(self, response: str, gold: str) -> MathResult:
         return self.verify_batch([(response, gold)])[0]
@@ -239,82 +176,25 @@ class MathVerifier:
     def verify_batch(self, items: list[tuple[str, str]]) -> list[MathResult]:
         """Judge (response, gold) pairs; results in the same order."""
         c = self.config
-        results: list[MathResult | None] = [None] * len(items)
-        todo: deque[tuple[int, str, str, bool]] = deque()
-        for i, (response, gold) in enumerate(items):
+        results: list[MathResult] = []
+        todo: list[tuple[str, str, bool]] = []  # (gold, answer, boxed) for the workers to judge
+        judged: list[MathResult] = []
+        for response, gold in items:
             ext = extract_answer(response, c.think_end, c.require_think_end, c.require_box)
-            fmt = format_ok(response)
-            if ext.answer is None or ext.reason == "conflicting_boxes":
-                results[i] = MathResult(False, ext.answer, ext.reason, fmt)
-            else:
-                results[i] = MathResult(False, ext.answer, ext.reason, fmt)  # filled in below
-                todo.append((i, gold, ext.answer, ext.reason == "ok"))
-        if todo:
-            with self._lock:
-                self._run(todo, results)
-        return results  # type: ignore[return-value]
-
-    def _run(self, todo: deque, results: list) -> None:
-        self._ensure_workers()
-        budget = self.config.math_item_timeout_s
-        busy: dict[Connection, tuple[_Worker, int, float]] = {}
-        waiting = {w.conn: w for w in self._workers if not w.ready}
-        idle = [w for w in self._workers if w.ready]
-        while todo or busy:
-            while idle and todo:
-                w = idle.pop()
-                i, gold, answer, boxed = todo.popleft()
-                try:
-                    w.out.send((gold, answer, boxed))
-                except (BrokenPipeError, OSError):
-                    todo.appendleft((i, gold, answer, boxed))
-                    w.restart()
-                    waiting[w.conn] = w
-                    continue
-                busy[w.conn] = (w, i, time.monotonic() + budget)
-            now = time.monotonic()
-            next_deadline = min((d for _, _, d in busy.values()), default=now + 60)
-            for conn in wait(list(busy) + list(waiting), timeout=max(0.0, next_deadline - now)):
-                if conn in waiting:
-                    w = waiting.pop(conn)
-                    try:
-                        conn.recv()
-                        w.ready, w.failed_starts = True, 0
-                        idle.append(w)
-                    except (EOFError, OSError):
-                        w.failed_starts += 1
-                        if w.failed_starts >= 3:
-                            raise RuntimeError("math verification worker fails to start (is math-verify installed?)")
-                        log.warning("math worker died while starting; restarting it")
-                        w.restart()
-                        waiting[w.conn] = w
-                    continue
-                w, i, _ = busy.pop(conn)
-                try:
-                    status, value = conn.recv()
-                except (EOFError, OSError):
-                    status, value = "error", "worker died"
-                    w.restart()
-                    waiting[w.conn] = w
-                else:
-                    idle.append(w)
-                r = results[i]
-                if status == "ok":
-                    r.correct, r.reason = value, "correct" if value else "wrong"
-                else:
-                    r.correct, r.reason = False, "error"
-            now = time.monotonic()
-            for conn, (w, i, deadline) in list(busy.items()):
-                if deadline <= now:  # a stalled judgement: kill the worker, the item is wrong
-                    del busy[conn]
-                    results[i].correct, results[i].reason = False, "timeout"
-                    w.restart()
-                    waiting[w.conn] = w
+            result = MathResult(False, ext.answer, ext.reason, format_ok(response))
+            results.append(result)
+            if ext.answer is not None and ext.reason != "conflicting_boxes":
+                todo.append((gold, ext.answer, ext.reason == "ok"))
+                judged.append(result)
+        for result, reply in zip(judged, self._pool.run(todo)):
+            if reply.ok:
+                result.correct, result.reason = bool(reply.value), "correct" if reply.value else "wrong"
+            else:  # a stalled judgement was killed (timeout), or math-verify raised (error): wrong either way
+                result.correct, result.reason = False, reply.status
+        return results
 
     def close(self) -> None:
-        for w in self._workers:
-            w.stop()
-        self._workers = []
+        self._pool.close()
 
     def __enter__(self) -> MathVerifier:
         return self
