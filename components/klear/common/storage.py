@@ -6,44 +6,71 @@ parallel parts); transient failures are retried a bounded number of times by bot
 
 Publishing: a stage writes its data files first and a manifest (`_MANIFEST.json`: every file
 with its size and sha256) last. Readers trust only outputs that have a manifest, and only the
-files it lists, so a run that crashed half-way never looks complete.
+files it lists, so a run that crashed half-way never looks complete. Publishing also removes the
+files the new manifest does not list, so an output folder holds exactly what its manifest says.
+
+Ownership: one output has at most one writer. A writer holds the output's lease (`_LEASE.json`)
+from before it changes anything until its manifest is written: on S3 a conditional create
+(`If-None-Match: *`) renewed by a heartbeat, on local paths an flock the kernel drops when the
+process dies. A second writer fails at once with OutputBusyError; see `claim_output`.
+
+Before any work, a stage calls `check_output(output, inputs)` to fail in seconds on a bad output.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import datetime as dt
+import email.utils
+import fcntl
 import functools
 import hashlib
 import json
+import logging
 import os
+import re
 import shutil
+import socket
 import tempfile
-from collections.abc import Iterator
+import threading
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
 __all__ = [
+    "LEASE_NAME",
     "MANIFEST_NAME",
+    "InvalidOutputError",
+    "LeaseLostError",
     "Manifest",
+    "OutputBusyError",
+    "OutputLease",
     "StorageError",
     "UnpublishedOutputError",
     "Uri",
+    "check_output",
+    "claim_output",
     "download_file",
     "exists",
+    "fetch_published",
     "list_files",
     "localize",
     "publish_dir",
     "read_bytes",
     "read_manifest",
-    "fetch_published",
     "upload_file",
     "write_bytes",
 ]
 
+log = logging.getLogger("klear.storage")
+
 MANIFEST_NAME = "_MANIFEST.json"
+LEASE_NAME = "_LEASE.json"
+PROBE_PREFIX = "_PROBE-"  # check_output's write probe, deleted at once
 _CHUNK = 8 * 1024 * 1024
 
 
@@ -53,6 +80,18 @@ class StorageError(RuntimeError):
 
 class UnpublishedOutputError(StorageError):
     """An output location has no manifest: it was never completed, or is not a stage output."""
+
+
+class InvalidOutputError(StorageError):
+    """An output location that no run may write: malformed, unsupported, or overlapping an input."""
+
+
+class OutputBusyError(StorageError):
+    """Another run holds the output's lease: two runs must never both publish to one output."""
+
+
+class LeaseLostError(StorageError):
+    """This run's lease was taken over (it expired or was broken): the run must not publish."""
 
 
 @dataclass(frozen=True)
@@ -74,7 +113,11 @@ class Uri:
                 raise StorageError(f"S3 URI without a bucket: {text!r}")
             return cls("s3", parsed.netloc, parsed.path.lstrip("/"))
         if text.startswith("file://"):
-            text = urlparse(text).path
+            parsed = urlparse(text)
+            # file://host/x would silently mean /x on this machine.
+            if parsed.netloc not in ("", "localhost"):
+                raise StorageError(f"file URI with a host {parsed.netloc!r}: {text!r}; write file:///absolute/path")
+            text = parsed.path
         elif "://" in text:
             raise StorageError(f"unsupported URI scheme in {text!r}: use a path, file:// or s3://")
         return cls("file", "", str(Path(text).absolute()))
@@ -300,6 +343,395 @@ def localize(uri: str | Uri) -> Iterator[Path]:
         yield target
 
 
+# --------------------------------------------------------------------------- ownership (one writer per output)
+
+
+def _lease_ttl() -> float:
+    return float(os.environ.get("KLEAR_LEASE_TTL_S", "120"))
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def _pid_space() -> str:
+    """Where a pid names one process: this host and pid namespace (containers may share a hostname, not pids)."""
+    try:
+        namespace = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        namespace = "unknown"
+    return f"{socket.gethostname()} {namespace}"
+
+
+def _holder_body(run_id: str, ttl_s: float, released: bool = False) -> bytes:
+    holder = {"run_id": run_id, "host": socket.gethostname(), "pid": os.getpid(), "pid_space": _pid_space(),
+              "ttl_s": ttl_s, "released": released, "time": _now()}
+    return json.dumps(holder).encode()
+
+
+def _parse_holder(data: bytes) -> dict[str, Any]:
+    try:
+        holder = json.loads(data)
+    except ValueError:
+        return {}
+    return holder if isinstance(holder, dict) else {}
+
+
+def _busy_message(uri: Uri, holder: dict[str, Any], way_out: str) -> str:
+    who = (f"run {holder.get('run_id', '?')} (host {holder.get('host', '?')}, pid {holder.get('pid', '?')}, "
+           f"lease taken or renewed {holder.get('time', '?')})")
+    return (f"{uri} is being written by another {who}: two runs must not publish to one output. "
+            f"Wait for it to finish or choose another output; {way_out}")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _stale_reason(holder: dict[str, Any], age_s: float) -> str | None:
+    """Why an S3 lease may be taken over (None: its holder may still be writing)."""
+    run_id = holder.get("run_id")
+    if holder.get("released"):
+        return "its run failed and released it"
+    ttl = float(holder.get("ttl_s") or _lease_ttl())
+    if age_s > ttl:
+        return f"not renewed for {age_s:.0f} s (lease {ttl:.0f} s)"
+    if run_id and os.environ.get("KLEAR_BREAK_LEASE") == run_id:
+        return "KLEAR_BREAK_LEASE names it"
+    pid = holder.get("pid")
+    if holder.get("pid_space") == _pid_space() and isinstance(pid, int) and pid != os.getpid() and not _pid_alive(pid):
+        return f"its process {pid} on this host is gone"
+    return None
+
+
+class OutputLease:
+    """One run's exclusive right to publish one output; get it from `claim_output`.
+
+    A stage that writes files into its output before publishing (progress it resumes from) sets `dirty = True`
+    first: if the run then fails or crashes, the lease stays behind as a marker that those files are klear's
+    own, so `check_output` accepts the folder and the next publish removes them."""
+
+    def __init__(self, uri: Uri, run_id: str, inherited: bool) -> None:
+        self.uri = uri
+        self.run_id = run_id
+        # Taken over from a run that crashed, failed or was declared dead: its files, if any, are klear's own.
+        self.inherited = inherited
+        # True while the folder may hold files no manifest covers; release() then leaves a released lease as a
+        # marker that the leftovers are klear's own (check_output accepts the folder; the next publish cleans it).
+        self.dirty = inherited
+
+    def verify(self) -> None:
+        """Raise LeaseLostError unless this run still holds the lease (checked right before the manifest)."""
+        raise NotImplementedError
+
+    def release(self) -> None:
+        raise NotImplementedError
+
+
+class _LocalLease(OutputLease):
+    """An flock on `<output>/_LEASE.json`: exclusive between processes and threads, dropped by the kernel
+    when its process dies, so a crash never leaves the output locked."""
+
+    def __init__(self, uri: Uri, run_id: str, fd: int, created_dir: bool, inherited: bool) -> None:
+        super().__init__(uri, run_id, inherited)
+        self._fd = fd
+        self._created_dir = created_dir
+
+    @property
+    def path(self) -> Path:
+        return Path(self.uri.path) / LEASE_NAME
+
+    def verify(self) -> None:
+        if self._fd < 0 or not _same_file(self.path, self._fd):
+            raise LeaseLostError(f"{self.uri}: this run's lease {self.path} was removed or replaced; not publishing")
+
+    def release(self) -> None:
+        if self._fd < 0:
+            return
+        try:
+            if self.dirty:
+                _rewrite_fd(self._fd, _holder_body(self.run_id, 0, released=True))
+            elif _same_file(self.path, self._fd):
+                self.path.unlink()  # while still locked: a waiter that opened the old file sees it is gone
+        finally:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = -1
+        if self._created_dir and not self.dirty:
+            with contextlib.suppress(OSError):  # not empty: something was published there after all
+                os.rmdir(self.uri.path)
+
+
+def _same_file(path: Path, fd: int) -> bool:
+    try:
+        return os.stat(path).st_ino == os.fstat(fd).st_ino
+    except FileNotFoundError:
+        return False
+
+
+def _rewrite_fd(fd: int, data: bytes) -> None:
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, data, 0)
+
+
+def _acquire_local(uri: Uri, run_id: str) -> _LocalLease:
+    folder = Path(uri.path)
+    created = not folder.exists()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise InvalidOutputError(f"output {uri}: a file is in the way; an output is a folder") from None
+    path = folder / LEASE_NAME
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _parse_holder(os.pread(fd, 1 << 16, 0))
+            os.close(fd)
+            raise OutputBusyError(_busy_message(uri, holder, "if it is stuck, stop it: its lock goes when it exits")) from None
+        if _same_file(path, fd):
+            break
+        os.close(fd)  # its holder removed the file between our open and our lock: lock the new one
+    previous = os.pread(fd, 1 << 16, 0)  # left by a run that crashed or failed while publishing
+    if previous:
+        log.info("%s: taking over from run %s", uri, _parse_holder(previous).get("run_id", "?"))
+    _rewrite_fd(fd, _holder_body(run_id, 0))
+    return _LocalLease(uri, run_id, fd, created, inherited=bool(previous))
+
+
+def _precondition_failed(exc: Any) -> bool:
+    code = exc.response.get("Error", {}).get("Code", "")
+    status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    return status == 412 or code in ("PreconditionFailed", "ConditionalRequestConflict")
+
+
+def _conditional(uri: Uri, action: str, call: Callable[[], Any]) -> Any | None:
+    """`call()`'s response, or None when S3 refused it because its If-Match / If-None-Match did not hold."""
+    from botocore.exceptions import ClientError
+
+    with _s3_errors(uri, action):
+        try:
+            return call()
+        except ClientError as exc:
+            if _precondition_failed(exc):
+                return None
+            raise
+
+
+def _read_lease_s3(key: Uri) -> tuple[dict[str, Any], str, float] | None:
+    """(holder, ETag, seconds since last renewal) of an S3 lease, None if there is none. The age is measured
+    on the server's clock (its Date header against LastModified), so clock skew between writers does not matter."""
+    try:
+        with _s3_errors(key, "reading lease"):
+            response = _client().get_object(Bucket=key.bucket, Key=key.path)
+    except FileNotFoundError:
+        return None
+    body = response["Body"].read()
+    date = response["ResponseMetadata"].get("HTTPHeaders", {}).get("date")
+    server_now = email.utils.parsedate_to_datetime(date) if date else dt.datetime.now(dt.timezone.utc)
+    age = (server_now - response["LastModified"]).total_seconds()
+    return _parse_holder(body), response["ETag"], age
+
+
+class _S3Lease(OutputLease):
+    """`<output>/_LEASE.json` created with If-None-Match: *, renewed every ttl/4 by a heartbeat thread with
+    If-Match on its ETag; a lease not renewed for its ttl may be taken over (a crashed run's lease expires)."""
+
+    def __init__(self, uri: Uri, run_id: str, etag: str, ttl_s: float, inherited: bool) -> None:
+        super().__init__(uri, run_id, inherited)
+        self.ttl_s = ttl_s
+        self._etag = etag
+        self._lost: str | None = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._heartbeat, name=f"lease {uri}", daemon=True)
+        self._thread.start()
+
+    @property
+    def key(self) -> Uri:
+        return self.uri.join(LEASE_NAME)
+
+    def _put(self, body: bytes) -> bool:
+        """Replace the lease if it is still ours; False if it is not."""
+        key = self.key
+        try:
+            put = _conditional(key, "renewing lease", lambda: _client().put_object(
+                Bucket=key.bucket, Key=key.path, Body=body, IfMatch=self._etag))
+        except FileNotFoundError:  # deleted by the run that took it over and finished
+            return False
+        if put is None:
+            return False
+        self._etag = put["ETag"]
+        return True
+
+    def _heartbeat(self) -> None:
+        while not self._stop.wait(max(self.ttl_s / 4, 0.2)):
+            with self._lock:
+                try:
+                    if not self._put(_holder_body(self.run_id, self.ttl_s)):
+                        self._lost = "another run took the lease over"
+                        return
+                except StorageError as exc:
+                    # Transient: the next beat may get through; verify() decides before publishing.
+                    log.warning("%s: lease renewal failed: %s", self.uri, exc)
+
+    def verify(self) -> None:
+        with self._lock:
+            current = None if self._lost else _read_lease_s3(self.key)
+            if current is None or current[1] != self._etag:
+                holder = current[0] if current else {}
+                raise LeaseLostError(
+                    f"{self.uri}: this run (run {self.run_id}) lost its lease "
+                    f"({self._lost or 'now held by run ' + str(holder.get('run_id', 'none'))}); not publishing"
+                )
+
+    def release(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        key = self.key
+        with self._lock:
+            if self._lost:
+                return
+            try:
+                if not self.dirty:
+                    try:
+                        _conditional(key, "releasing lease", lambda: _client().delete_object(
+                            Bucket=key.bucket, Key=key.path, IfMatch=self._etag))
+                        return  # deleted, or (precondition failed) no longer ours to delete
+                    except FileNotFoundError:
+                        return
+                    except StorageError as exc:  # a store without conditional deletes: mark it released instead
+                        log.info("%s: conditional delete of the lease refused (%s); marking it released", self.uri, exc)
+                self._put(_holder_body(self.run_id, self.ttl_s, released=True))
+            except (StorageError, FileNotFoundError) as exc:
+                # Do not hide the run's own outcome; an unreleased lease expires after its ttl.
+                log.warning("%s: could not release the lease (it expires in %.0f s): %s", self.uri, self.ttl_s, exc)
+
+
+def _acquire_s3(uri: Uri, run_id: str, ttl_s: float) -> _S3Lease:
+    key = uri.join(LEASE_NAME)
+    client = _client()
+    body = _holder_body(run_id, ttl_s)
+    for _ in range(5):  # each round: the lease changed under us; look again
+        put = _conditional(key, "claiming", lambda: client.put_object(
+            Bucket=key.bucket, Key=key.path, Body=body, IfNoneMatch="*"))
+        if put is not None:
+            return _S3Lease(uri, run_id, put["ETag"], ttl_s, inherited=False)
+        current = _read_lease_s3(key)
+        if current is None:
+            continue
+        holder, etag, age = current
+        if holder.get("run_id") == run_id:  # our own create, retried by botocore after a lost response
+            return _S3Lease(uri, run_id, etag, ttl_s, inherited=False)
+        reason = _stale_reason(holder, age)
+        if reason is None:
+            ttl = float(holder.get("ttl_s") or ttl_s)
+            raise OutputBusyError(_busy_message(
+                uri, holder, f"if that run is dead, its lease expires {max(ttl - age, 0):.0f} s from now, "
+                f"or set KLEAR_BREAK_LEASE={holder.get('run_id', '?')} to take over at once"))
+        # Compare-and-swap on the stale lease's ETag: of several runs taking over, exactly one wins.
+        put = _conditional(key, "taking over", lambda: client.put_object(
+            Bucket=key.bucket, Key=key.path, Body=body, IfMatch=etag))
+        if put is not None:
+            log.warning("%s: took over the lease of run %s: %s", uri, holder.get("run_id", "?"), reason)
+            return _S3Lease(uri, run_id, put["ETag"], ttl_s, inherited=True)
+    raise OutputBusyError(f"{uri}: other runs keep changing its lease; two runs must not publish to one output")
+
+
+_CLAIMS: contextvars.ContextVar[tuple[OutputLease, ...]] = contextvars.ContextVar("klear_claims", default=())
+
+
+def _same_location(a: Uri, b: Uri) -> bool:
+    return (a.scheme, a.bucket, a.path.rstrip("/")) == (b.scheme, b.bucket, b.path.rstrip("/"))
+
+
+@contextlib.contextmanager
+def claim_output(output: str | Uri, ttl_s: float | None = None) -> Iterator[OutputLease]:
+    """Hold `output` for this run: every `publish_dir` to it inside the block (same thread) publishes under this
+    lease; another run claiming or publishing it meanwhile gets OutputBusyError naming it.
+
+    Wrap a stage's whole run in it, so a second run fails in its first seconds rather than after the work.
+    Re-entrant within one context. On S3 the lease expires `ttl_s` (KLEAR_LEASE_TTL_S, default 120) seconds
+    after a crash; KLEAR_BREAK_LEASE=<run id> takes over a dead run's lease at once."""
+    loc = Uri.parse(output)
+    held = next((lease for lease in _CLAIMS.get() if _same_location(lease.uri, loc)), None)
+    if held is not None:
+        yield held
+        return
+    run_id = uuid.uuid4().hex
+    lease: OutputLease = _acquire_s3(loc, run_id, ttl_s or _lease_ttl()) if loc.is_s3 else _acquire_local(loc, run_id)
+    token = _CLAIMS.set((*_CLAIMS.get(), lease))
+    try:
+        published = exists(loc.join(MANIFEST_NAME))
+        # A manifest goes first when a publish starts: with one present, no earlier run left partial files.
+        lease.dirty = lease.inherited and not published
+        yield lease
+    finally:
+        _CLAIMS.reset(token)
+        lease.release()
+
+
+def _nested_roots(names: Iterable[str]) -> set[str]:
+    """Sub-folders that are outputs of their own (a manifest or a lease inside), e.g. `checkpoints/step-N`."""
+    roots = set()
+    for name in names:
+        folder, _, base = name.rpartition("/")
+        if folder and base in (MANIFEST_NAME, LEASE_NAME):
+            roots.add(folder)
+    return roots
+
+
+def _own_files(loc: Uri) -> list[str]:
+    """Files under `loc` that belong to it: all but those inside nested outputs, which have their own owner."""
+    names = list_files(loc)
+    nested = _nested_roots(names)
+    if not nested:
+        return names
+    return [name for name in names if not any(name.startswith(root + "/") for root in nested)]
+
+
+def _reserved(name: str) -> bool:
+    return name in (MANIFEST_NAME, LEASE_NAME) or name.startswith(PROBE_PREFIX)
+
+
+def _unlisted(loc: Uri, listed: Iterable[str]) -> list[str]:
+    keep = set(listed) | {MANIFEST_NAME, LEASE_NAME}
+    return [name for name in _own_files(loc) if name not in keep]
+
+
+def _remove_unlisted(loc: Uri, listed: Iterable[str]) -> None:
+    """Delete what an earlier version (or a crashed run) left that the new manifest does not list."""
+    stale = _unlisted(loc, listed)
+    if not stale:
+        return
+    log.info("%s: removing %d files the new manifest does not list", loc, len(stale))
+    if loc.is_s3:
+        client = _client()
+        for start in range(0, len(stale), 1000):  # DeleteObjects takes at most 1000 keys
+            batch = [{"Key": loc.join(name).path} for name in stale[start : start + 1000]]
+            with _s3_errors(loc, "removing stale files from"):
+                response = client.delete_objects(Bucket=loc.bucket, Delete={"Objects": batch, "Quiet": True})
+            if response.get("Errors"):
+                first = response["Errors"][0]
+                raise StorageError(f"removing stale files from {loc}: {first.get('Key')}: {first.get('Message')}")
+        return
+    root = Path(loc.path)
+    for name in stale:
+        (root / name).unlink(missing_ok=True)
+    # Folders the removals emptied go too (only those: a nested output may be creating its own right now).
+    for folder in sorted({(root / name).parent for name in stale}, key=lambda p: -len(p.parts)):
+        while folder != root and folder.is_dir() and not any(folder.iterdir()):
+            folder.rmdir()
+            folder = folder.parent
+
+
 # --------------------------------------------------------------------------- publish / manifest
 
 
@@ -318,39 +750,45 @@ class Manifest:
     files: dict[str, dict[str, Any]]
     meta: dict[str, Any]
     created: str
+    run_id: str = ""  # the run that published it
 
     def to_json(self) -> bytes:
-        body = {"format": 1, "created": self.created, "meta": self.meta, "files": self.files}
+        body = {"format": 1, "created": self.created, "run_id": self.run_id, "meta": self.meta, "files": self.files}
         return json.dumps(body, indent=2, sort_keys=True).encode()
 
     @classmethod
     def from_json(cls, data: bytes, origin: str) -> Manifest:
         try:
             body = json.loads(data)
-            return cls(files=dict(body["files"]), meta=dict(body.get("meta", {})), created=str(body["created"]))
+            return cls(files=dict(body["files"]), meta=dict(body.get("meta", {})), created=str(body["created"]),
+                       run_id=str(body.get("run_id", "")))
         except (ValueError, KeyError, TypeError) as exc:
             raise StorageError(f"{origin}: corrupt manifest ({exc})") from None
 
 
 def publish_dir(local_dir: str | Path, dest: str | Uri, meta: dict[str, Any] | None = None) -> Manifest:
-    """Publish every file under `local_dir` to `dest`, then the manifest, last.
+    """Publish every file under `local_dir` to `dest`, then the manifest, last; `dest` then holds exactly the
+    files the manifest lists (nested outputs, such as checkpoints with their own manifest, are left alone).
 
-    An earlier manifest at `dest` is removed first, so an overwrite that fails half-way leaves
-    an output that readers refuse rather than a mix of old and new files that looks complete.
+    Runs under the lease of an enclosing `claim_output(dest)`, else claims `dest` for its own duration: a
+    concurrent writer fails with OutputBusyError, never publishes beside this one. The earlier manifest is
+    removed first, so an overwrite that fails half-way leaves an output that readers refuse.
     """
     root = Path(local_dir)
     loc = Uri.parse(dest)
-    files = sorted(p for p in root.rglob("*") if p.is_file() and p.name != MANIFEST_NAME)
-    delete(loc.join(MANIFEST_NAME))
-    entries: dict[str, dict[str, Any]] = {}
-    for path in files:
-        rel = path.relative_to(root).as_posix()
-        entries[rel] = {"size": path.stat().st_size, "sha256": sha256_file(path)}
-        upload_file(path, loc.join(rel))
-    manifest = Manifest(
-        files=entries, meta=dict(meta or {}), created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-    )
-    write_bytes(loc.join(MANIFEST_NAME), manifest.to_json())
+    files = sorted(p for p in root.rglob("*") if p.is_file() and p.name not in (MANIFEST_NAME, LEASE_NAME))
+    entries = {p.relative_to(root).as_posix(): {"size": p.stat().st_size, "sha256": sha256_file(p)} for p in files}
+    with claim_output(loc) as lease:  # re-enters the caller's claim when there is one
+        lease.verify()  # a run whose lease was taken over during its work must not touch the output
+        lease.dirty = True
+        delete(loc.join(MANIFEST_NAME))
+        for rel in entries:
+            upload_file(root / rel, loc.join(rel))
+        _remove_unlisted(loc, entries)
+        lease.verify()  # a writer that lost its lease must not publish over its successor
+        manifest = Manifest(files=entries, meta=dict(meta or {}), created=_now(), run_id=lease.run_id)
+        write_bytes(loc.join(MANIFEST_NAME), manifest.to_json())
+        lease.dirty = False
     return manifest
 
 
@@ -368,13 +806,26 @@ def read_manifest(uri: str | Uri) -> Manifest:
 
 @contextlib.contextmanager
 def fetch_published(uri: str | Uri) -> Iterator[tuple[Path, Manifest]]:
-    """A local directory holding exactly the files a published output's manifest lists, checksums verified."""
+    """A local directory holding exactly the files a published output's manifest lists, checksums verified.
+
+    The manifest is read first: an unpublished S3 folder is refused before anything is downloaded."""
     loc = Uri.parse(uri)
     manifest = read_manifest(loc)
     if not loc.is_s3:
         for rel, entry in manifest.files.items():
             _check_file(Path(loc.path) / rel, entry, loc.join(rel))
-        yield Path(loc.path), manifest
+        extra = _unlisted(loc, manifest.files)
+        if not extra:
+            yield Path(loc.path), manifest
+            return
+        # Files beside the manifest (an older version's shards, say) must not leak into a folder read.
+        log.warning("%s holds %d files its manifest does not list (%s, ...); reading only the listed ones",
+                    loc, len(extra), extra[0])
+        with tempfile.TemporaryDirectory(prefix="klear-") as tmp:
+            for rel in manifest.files:
+                (Path(tmp) / rel).parent.mkdir(parents=True, exist_ok=True)
+                os.symlink(Path(loc.path) / rel, Path(tmp) / rel)
+            yield Path(tmp), manifest
         return
     with tempfile.TemporaryDirectory(prefix="klear-") as tmp:
         for rel, entry in manifest.files.items():
@@ -391,3 +842,114 @@ def _check_file(path: Path, entry: dict[str, Any], origin: Uri) -> None:
         raise StorageError(f"{origin}: size {path.stat().st_size} differs from the manifest's {entry['size']}")
     if sha256_file(path) != entry["sha256"]:
         raise StorageError(f"{origin}: sha256 differs from the manifest (corrupt or overwritten)")
+
+
+# --------------------------------------------------------------------------- output validation, before any work
+
+_BUCKET_NAME = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+
+
+def check_output(output: str, inputs: Sequence[str] = ()) -> Uri:
+    """Fail in seconds, before any work, if a run could not publish to `output`: unsupported scheme or malformed
+    URI, an output that is, contains or lies inside one of `inputs` (URIs or source specs; a `#...` fragment is
+    ignored), an output path blocked by a file or not writable, a folder of files that is no klear output
+    (publishing would delete them), and for S3 an unreachable endpoint, a missing bucket or credentials that may
+    not write there (one put and delete of a probe object, with the usual KLEAR_S3_MAX_ATTEMPTS retries).
+    Returns the parsed output. Writes nothing that outlives the check."""
+    out = _parse_output(output)
+    for spec in inputs:
+        if not spec.partition("#")[0].strip():
+            continue
+        source = Uri.parse(spec.partition("#")[0])
+        relation = _overlap(out, source)
+        if relation:
+            raise InvalidOutputError(f"output {out} {relation} input {source}: publishing would replace the input")
+    if out.is_s3:
+        _probe_s3(out)
+    else:
+        _probe_local(out)
+    _refuse_foreign(out)
+    return out
+
+
+def _parse_output(output: str) -> Uri:
+    if not str(output).strip():
+        raise InvalidOutputError("empty output location")
+    try:
+        out = Uri.parse(output)
+    except StorageError as exc:
+        raise InvalidOutputError(f"output {output!r}: {exc}") from None
+    if out.is_s3:
+        if not _BUCKET_NAME.match(out.bucket):
+            raise InvalidOutputError(f"output {output!r}: {out.bucket!r} is not a valid S3 bucket name")
+        if not out.path.strip("/"):
+            raise InvalidOutputError(
+                f"output {output!r} is a whole bucket: name a folder in it (s3://{out.bucket}/FOLDER), since "
+                "publishing removes every file of the output that its manifest does not list"
+            )
+        out = Uri("s3", out.bucket, out.path.strip("/"))
+    return out
+
+
+def _overlap(out: Uri, other: Uri) -> str | None:
+    """How `out` overlaps `other`: "is", "lies inside", "contains", or None."""
+    if (out.scheme, out.bucket) != (other.scheme, other.bucket):
+        return None
+    if out.is_s3:
+        a, b = out.path.strip("/"), other.path.strip("/")
+    else:
+        a, b = os.path.realpath(out.path), os.path.realpath(other.path)
+    if a == b:
+        return "is"
+    if a.startswith(b.rstrip("/") + "/") or not b:
+        return "lies inside"
+    if b.startswith(a.rstrip("/") + "/") or not a:
+        return "contains"
+    return None
+
+
+def _probe_s3(out: Uri) -> None:
+    from botocore.exceptions import ClientError
+
+    client = _client()
+    with _s3_errors(out, "checking output"):
+        try:
+            client.head_bucket(Bucket=out.bucket)
+        except ClientError as exc:
+            if exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 404:
+                raise StorageError(
+                    f"checking output {out}: bucket {out.bucket!r} does not exist (endpoint {_endpoint()})"
+                ) from None
+            raise
+        # Reading the bucket is not writing it: a read-only key fails here, not after the run's work.
+        probe = out.join(f"{PROBE_PREFIX}{uuid.uuid4().hex}")
+        client.put_object(Bucket=probe.bucket, Key=probe.path, Body=b"")
+        client.delete_object(Bucket=probe.bucket, Key=probe.path)
+
+
+def _refuse_foreign(out: Uri) -> None:
+    """Publishing removes the files its manifest does not list: refuse a folder that holds files but no sign of
+    klear (a manifest or a lease, at any depth: a crashed run, checkpoints), which would be someone else's."""
+    if exists(out.join(MANIFEST_NAME)):
+        return
+    names = list_files(out)
+    if any(name.rpartition("/")[2] in (MANIFEST_NAME, LEASE_NAME) for name in names):
+        return
+    foreign = [name for name in names if not _reserved(name)]
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        raise InvalidOutputError(
+            f"output {out} already holds {len(foreign)} files and is not a klear output ({shown}); publishing "
+            "replaces everything in an output, so refusing to write there: choose an empty location or remove them"
+        )
+
+
+def _probe_local(out: Uri) -> None:
+    path = Path(out.path)
+    if path.exists() and not path.is_dir():
+        raise InvalidOutputError(f"output {out} is a file; an output is a folder")
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    if not existing.is_dir():
+        raise InvalidOutputError(f"output {out}: {existing} is a file, so the folder cannot be created")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise InvalidOutputError(f"output {out}: {existing} is not writable by this user")
