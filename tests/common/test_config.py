@@ -48,3 +48,118 @@ def test_unknown_preset_and_bad_override_syntax() -> None:
         load_config(CurateConfig, "huge")
     with pytest.raises(ConfigError, match="key=value"):
         load_config(CurateConfig, "tiny", ["ngram_size"])
+
+
+# --- strict numbers: YAML `true` is not 1, `.inf` is not a number of epochs (every stage config) ---
+
+from klear.gppo.config import GppoConfig  # noqa: E402
+from klear.sft.config import SftConfig  # noqa: E402
+
+
+@pytest.mark.parametrize(
+    ("cls", "override", "field"),
+    [
+        (CurateConfig, "ngram_size=true", "ngram_size"),
+        (CurateConfig, "progress_seconds=false", "progress_seconds"),
+        (SftConfig, "num_epochs=true", "num_epochs"),
+        (SftConfig, "per_device_batch_size=true", "per_device_batch_size"),
+        (GppoConfig, "max_steps=true", "max_steps"),
+        (GppoConfig, "reward.budget_s=true", "reward"),  # a plain pydantic section inside a stage config
+        (GppoConfig, "verifier.timeout_s=true", "verifier"),
+    ],
+)
+def test_booleans_are_not_numbers(cls: type, override: str, field: str) -> None:
+    with pytest.raises(ConfigError, match=rf"{field}.*boolean"):
+        load_config(cls, None, [override])
+
+
+@pytest.mark.parametrize(
+    ("cls", "override", "field"),
+    [
+        (SftConfig, "num_epochs=.inf", "num_epochs"),
+        (SftConfig, "learning_rate=.nan", "learning_rate"),
+        (SftConfig, "num_epochs=inf", "num_epochs"),  # text that pydantic would parse as a float
+        (CurateConfig, "progress_seconds=.inf", "progress_seconds"),
+        (GppoConfig, "num_epochs=.inf", "num_epochs"),
+        (GppoConfig, "reward.budget_s=.inf", "reward"),
+        (GppoConfig, "reward.timeout_reward=-.inf", "reward"),
+    ],
+)
+def test_numbers_must_be_finite(cls: type, override: str, field: str) -> None:
+    with pytest.raises(ConfigError, match=rf"{field}.*finite"):
+        load_config(cls, None, [override])
+
+
+def test_booleans_still_fill_boolean_fields() -> None:
+    assert load_config(GppoConfig, None, ["reward.official_format_penalties=true", "dual_clip=10"]).dual_clip == 10.0
+    assert load_config(SftConfig, None, ["num_epochs=2", "learning_rate=1e-4"]).num_epochs == 2.0
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "-2"])
+def test_gppo_max_steps_is_positive_or_minus_one(value: str) -> None:
+    with pytest.raises(ConfigError, match="max_steps"):
+        load_config(GppoConfig, None, [f"max_steps={value}"])
+    assert load_config(GppoConfig, None, ["max_steps=-1"]).max_steps == -1
+    assert load_config(GppoConfig, None, ["max_steps=3"]).max_steps == 3
+
+
+# --- YAML aliases: a few hundred bytes must not expand to gigabytes ---
+
+def _laughs(depth: int) -> str:
+    lines = ['a0: &a0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    lines += [f"a{i}: &a{i} [{','.join([f'*a{i - 1}'] * 9)}]" for i in range(1, depth + 1)]
+    return "\n".join(lines) + f"\nngram_size: *a{depth}\n"
+
+
+def test_billion_laughs_config_file_is_refused_fast(tmp_path) -> None:
+    import time
+
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text(_laughs(8))
+    start = time.monotonic()
+    with pytest.raises(ConfigError, match="alias") as caught:
+        load_config(CurateConfig, str(bomb))
+    assert time.monotonic() - start < 1 and len(str(caught.value)) < 600
+
+
+def test_aliases_in_overrides_are_refused_fast() -> None:
+    import time
+
+    value = "{" + ", ".join([f"a{i}: &a{i} [" + ",".join([f"*a{i - 1}" if i else '"lol"'] * 9) + "]" for i in range(9)]) + "}"
+    start = time.monotonic()
+    with pytest.raises(ConfigError, match="alias") as caught:
+        load_config(CurateConfig, None, [f"ngram_size={value}"])
+    assert time.monotonic() - start < 1 and len(str(caught.value)) < 600
+    with pytest.raises(ConfigError, match="alias"):
+        load_config(CurateConfig, None, ["prompt_field=&x problem"])  # an anchor alone is refused too
+
+
+def test_error_messages_quote_values_briefly() -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_config(CurateConfig, None, ["ngram_size=" + "x" * 100_000, "y" * 50_000 + "=1"])
+    assert len(str(caught.value)) < 1000 and "ngram_size" in str(caught.value) and "unknown key" in str(caught.value)
+
+
+def test_a_boolean_for_a_text_field_keeps_pydantics_message() -> None:
+    with pytest.raises(ConfigError, match=r"prompt_field: Input should be a valid string \(got True\)"):
+        load_config(CurateConfig, None, ["prompt_field=true"])
+
+
+def test_strictness_reaches_into_lists_dicts_and_optionals() -> None:
+    from typing import Literal
+
+    from klear.common.config import StageConfig
+
+    class Probe(StageConfig):
+        sizes: list[int] = [1]
+        weights: dict[str, float] = {}
+        ratio: float | None = None
+        mode: Literal["a", "b"] = "a"
+        flag: bool | int = False
+
+    assert load_config(Probe, None, ["flag=true", "sizes=[2, 3]", "ratio=0.5"]).flag is True
+    for override, where in [("sizes=[1, true]", r"sizes: \[1\]: a boolean"), ("ratio=true", "ratio: a boolean"),
+                            ("weights={a: 1.0, b: true}", "weights: b: a boolean"),
+                            ("weights={a: .nan}", "weights.*finite"), ("sizes=[1, .inf]", "sizes")]:
+        with pytest.raises(ConfigError, match=where):
+            load_config(Probe, None, [override])

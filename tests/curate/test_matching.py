@@ -135,3 +135,46 @@ def test_empty_prompts_anywhere_in_a_batch(index: NgramIndex, items: list[Benchm
     matches = index.match_batch(normalize_batch(batch))
     assert [m is not None for m in matches] == [False, True, False, False, True, False, False]
     assert items[0].id in matches[1].item_ids and items[1].id in matches[4].item_ids
+
+
+# --- invisible characters: Unicode's default-ignorable code points -------------------------------------------
+
+def test_default_ignorable_set_follows_its_definition() -> None:
+    import sys
+    import unicodedata
+
+    from klear.curate import matching
+
+    assert len(matching.DEFAULT_IGNORABLE) == 4174
+    # The Cf part, against Python's own database (older than the ranges: characters it lacks are unassigned there).
+    listed = matching._code_points(matching._FORMAT_CHARACTERS)
+    format_chars = {c for c in range(sys.maxunicode + 1) if unicodedata.category(chr(c)) == "Cf"}
+    assert format_chars <= listed
+    assert all(unicodedata.category(chr(c)) in ("Cf", "Cn") for c in listed)
+    exceptions = matching._code_points(matching._VISIBLE_FORMAT_CHARACTERS)
+    assert format_chars - exceptions <= matching.DEFAULT_IGNORABLE and not exceptions & matching.DEFAULT_IGNORABLE
+    # The whole property, against the `regex` module's Unicode tables when it is installed.
+    regex = pytest.importorskip("regex")
+    prop = regex.compile(r"\p{Default_Ignorable_Code_Point}")
+    expected = {c for c in range(sys.maxunicode + 1) if not 0xD800 <= c <= 0xDFFF and prop.match(chr(c))}
+    assert matching.DEFAULT_IGNORABLE == expected
+
+
+def test_invisible_characters_inside_every_word_do_not_hide_a_copy(index: NgramIndex, items: list[BenchmarkItem]) -> None:
+    import re
+
+    from klear.curate.matching import DEFAULT_IGNORABLE
+
+    item = next(i for i in items if i.benchmark == "aime24")
+    texts = [re.sub(r"(\w)(?=\w)", lambda m, c=chr(c): m.group(1) + c, item.text) for c in sorted(DEFAULT_IGNORABLE)]
+    pairs = len(re.findall(r"\w(?=\w)", item.text))  # the character sits between any two letters or digits
+    assert texts[0].count(chr(min(DEFAULT_IGNORABLE))) == pairs > 100
+    lists = normalize_batch(texts)
+    clean = words(item.text)
+    differing = [hex(c) for c, ws in zip(sorted(DEFAULT_IGNORABLE), lists.to_pylist()) if ws != clean]
+    assert not differing, f"{len(differing)} invisible characters change the words, e.g. {differing[:5]}"
+    missed = [hex(c) for c, m in zip(sorted(DEFAULT_IGNORABLE), index.match_batch(lists))
+              if m is None or item.id not in m.item_ids]
+    assert not missed, f"{len(missed)} invisible characters hide the copy, e.g. {missed[:5]}"
+    # The same through the single-text path and the dedup key.
+    assert all(dedup_key(normalize(t)) == dedup_key(normalize(item.text)) for t in texts[::97])

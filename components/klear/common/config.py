@@ -1,7 +1,18 @@
-"""Typed stage configs: a YAML preset or file, then `key=value` overrides, validated on load."""
+"""Typed stage configs: a YAML preset or file, then `key=value` overrides, validated on load.
+
+Numbers are stricter than pydantic's lax mode: YAML `true` is not the integer 1 (a `--set ngram_size=true`
+would otherwise remove every prompt), and `.inf` / `.nan` are not numbers of epochs or seconds. YAML anchors and
+aliases are refused: a config needs neither, and they let a few hundred bytes expand to gigabytes.
+"""
 
 from __future__ import annotations
 
+import decimal
+import fractions
+import math
+import types
+import typing
+from collections.abc import Callable, Iterator
 from importlib import resources
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
@@ -11,24 +22,155 @@ import yaml
 
 __all__ = ["ConfigError", "StageConfig", "load_config"]
 
+QUOTE_LIMIT = 200  # characters of a value quoted in an error message
+
 
 class ConfigError(ValueError):
     """A config file or override that does not fit the stage's config; the message names the key."""
 
 
-class StageConfig(pydantic.BaseModel):
-    """Base of every stage config: unknown keys are errors, values are type-checked."""
+def clip(text: str, limit: int = QUOTE_LIMIT) -> str:
+    """`text` cut to `limit` characters, saying how long it was: error messages quote values, never all of them."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
-    model_config = pydantic.ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+# --------------------------------------------------------------------------- strict numbers
+
+
+def _any_member(annotation: Any, test: Callable[[Any], bool]) -> bool:
+    """`test` of a type, or of any member of a union (or of the type an Annotated wraps)."""
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        return any(_any_member(arg, test) for arg in typing.get_args(annotation))
+    if origin is typing.Annotated:
+        return _any_member(typing.get_args(annotation)[0], test)
+    return test(annotation)
+
+
+def _is_bool_type(annotation: Any) -> bool:
+    if typing.get_origin(annotation) is typing.Literal:
+        return any(isinstance(arg, bool) for arg in typing.get_args(annotation))
+    return annotation in (bool, Any, object)
+
+
+def _is_number_type(annotation: Any) -> bool:
+    if typing.get_origin(annotation) is typing.Literal:
+        return any(isinstance(arg, (int, float)) and not isinstance(arg, bool) for arg in typing.get_args(annotation))
+    return isinstance(annotation, type) and issubclass(annotation, (int, float, decimal.Decimal, fractions.Fraction))
+
+
+def _bool_becomes_number(annotation: Any) -> bool:
+    """Whether lax validation would turn a bool into a number here (an int or float field that takes no bool);
+    a bool for any other type (str, a Literal of names) is pydantic's to refuse, with its own message."""
+    return _any_member(annotation, _is_number_type) and not _any_member(annotation, _is_bool_type)
+
+
+def _models_in(annotation: Any) -> list[type[pydantic.BaseModel]]:
+    """The pydantic models a field of this type may hold (`Section`, `Section | None`, ...)."""
+    if isinstance(annotation, type) and issubclass(annotation, pydantic.BaseModel):
+        return [annotation]
+    return [model for arg in typing.get_args(annotation) for model in _models_in(arg)]
+
+
+def _join(path: str, key: object) -> str:
+    return f"{path}.{key}" if path else str(key)
+
+
+def _misplaced_bools(value: Any, annotation: Any, path: str = "") -> Iterator[str]:
+    """Paths (relative to `value`; "" is the value itself) of the bools in a raw (YAML) value that its type would
+    coerce to a number; nested sections included."""
+    if isinstance(value, bool):
+        if _bool_becomes_number(annotation):
+            yield path
+    elif isinstance(value, dict):
+        models = _models_in(annotation)
+        if len(models) == 1:  # a section: check its keys against its fields (unknown keys are pydantic's to report)
+            fields = models[0].model_fields
+            for key, item in value.items():
+                if key in fields:
+                    yield from _misplaced_bools(item, fields[key].annotation, _join(path, key))
+        elif typing.get_origin(annotation) is dict:
+            value_type = (*typing.get_args(annotation)[1:2], Any)[0]
+            for key, item in value.items():
+                yield from _misplaced_bools(item, value_type, _join(path, key))
+    elif isinstance(value, list) and typing.get_origin(annotation) in (list, tuple, set, frozenset):
+        args = [arg for arg in typing.get_args(annotation) if arg is not Ellipsis]
+        for i, item in enumerate(value):
+            yield from _misplaced_bools(item, args[min(i, len(args) - 1)] if args else Any, f"{path}[{i}]")
+
+
+def _non_finite(value: Any, path: str = "") -> Iterator[str]:
+    """Paths (relative to `value`) of the inf/nan floats in a validated value (nested models, lists and dicts included)."""
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            yield path
+    elif isinstance(value, pydantic.BaseModel):
+        for name in type(value).model_fields:
+            yield from _non_finite(getattr(value, name), _join(path, name))
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _non_finite(item, _join(path, key))
+    elif isinstance(value, (list, tuple, set, frozenset)):
+        for i, item in enumerate(value):
+            yield from _non_finite(item, f"{path}[{i}]")
+
+
+def _at(paths: list[str], problem: str) -> str:
+    """`problem`, prefixed by the nested keys it is about (none when it is about the field itself)."""
+    nested = [p for p in paths if p]
+    return f"{', '.join(nested)}: {problem}" if nested else problem
+
+
+class StageConfig(pydantic.BaseModel):
+    """Base of every stage config: unknown keys are errors, values are type-checked, numbers are strict
+    (no bool for a number, no inf/nan) in every field of every subclass and in its nested sections."""
+
+    model_config = pydantic.ConfigDict(extra="forbid", frozen=True, validate_default=True, allow_inf_nan=False)
 
     # Package holding this config's presets/ folder (paper.yaml, tiny.yaml); set by each stage.
     preset_package: ClassVar[str] = ""
+
+    @pydantic.field_validator("*", mode="wrap")
+    @classmethod
+    def _strict_numbers(cls, value: Any, handler: pydantic.ValidatorFunctionWrapHandler,
+                        info: pydantic.ValidationInfo) -> Any:
+        # Bools are checked on the raw value (validation turns true into 1), finiteness on the validated one
+        # (which catches "inf" text too). allow_inf_nan covers this model's own float fields; the walk covers
+        # sections that are plain pydantic models with their own (lax) settings.
+        bools = list(_misplaced_bools(value, cls.model_fields[info.field_name or ""].annotation))
+        if bools:
+            raise ValueError(_at(bools, "a boolean where a number is expected"))
+        validated = handler(value)
+        infinite = list(_non_finite(validated))
+        if infinite:
+            raise ValueError(_at(infinite, "not a finite number"))
+        return validated
 
     def dump_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
 
 
 C = TypeVar("C", bound=StageConfig)
+
+
+# --------------------------------------------------------------------------- reading YAML
+
+
+class _NoAliasLoader(yaml.SafeLoader):
+    """The safe loader, refusing anchors (&a) and aliases (*a): each alias re-uses a whole subtree, so a few
+    hundred bytes of nested aliases ("billion laughs") stand for gigabytes once validated or printed."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
+            raise yaml.composer.ComposerError(
+                None, None, "YAML anchors and aliases (&name, *name) are not allowed in configs", event.start_mark
+            )
+        return super().compose_node(parent, index)
+
+
+def _load_yaml(text: str) -> Any:
+    return yaml.load(text, Loader=_NoAliasLoader)  # noqa: S506 - a SafeLoader subclass
 
 
 def preset_names(cls: type[StageConfig]) -> list[str]:
@@ -42,7 +184,7 @@ def _preset_text(cls: type[StageConfig], name: str) -> tuple[str, str]:
     presets = resources.files(package) / "presets"
     available = preset_names(cls)
     if name not in available:
-        raise ConfigError(f"unknown preset {name!r} for {cls.__name__}; presets: {', '.join(available)}")
+        raise ConfigError(f"unknown preset {clip(repr(name))} for {cls.__name__}; presets: {', '.join(available)}")
     return (presets / f"{name}.yaml").read_text(), f"preset {name!r} ({package}/presets/{name}.yaml)"
 
 
@@ -51,14 +193,14 @@ def _read_source(cls: type[StageConfig], source: str) -> tuple[dict[str, Any], s
     if source.endswith((".yaml", ".yml")) or "/" in source:
         path = Path(source)
         if not path.is_file():
-            raise ConfigError(f"config file not found: {source}")
+            raise ConfigError(f"config file not found: {clip(source)}")
         text, origin = path.read_text(), str(path)
     else:
         text, origin = _preset_text(cls, source)
     try:
-        data = yaml.safe_load(text) or {}
+        data = _load_yaml(text) or {}
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{origin}: invalid YAML: {exc}") from exc
+        raise ConfigError(f"{origin}: invalid YAML: {clip(str(exc), 2 * QUOTE_LIMIT)}") from exc
     if not isinstance(data, dict):
         raise ConfigError(f"{origin}: expected a mapping of config keys, got {type(data).__name__}")
     return data, origin
@@ -67,18 +209,20 @@ def _read_source(cls: type[StageConfig], source: str) -> tuple[dict[str, Any], s
 def _apply_override(data: dict[str, Any], override: str) -> None:
     key, sep, raw = override.partition("=")
     if not sep or not key.strip():
-        raise ConfigError(f"override {override!r} is not of the form key=value")
+        raise ConfigError(f"override {clip(repr(override))} is not of the form key=value")
     parts = key.strip().split(".")
     node = data
     for part in parts[:-1]:
         child = node.setdefault(part, {})
         if not isinstance(child, dict):
-            raise ConfigError(f"override {override!r}: {part!r} is not a section")
+            raise ConfigError(f"override {clip(repr(override))}: {clip(repr(part))} is not a section")
         node = child
     try:
-        node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else ""
+        node[parts[-1]] = _load_yaml(raw) if raw.strip() else ""
     except yaml.YAMLError as exc:
-        raise ConfigError(f"override {override!r}: value is not valid YAML: {exc}") from exc
+        raise ConfigError(
+            f"override {clip(repr(override))}: value is not valid YAML: {clip(str(exc), 2 * QUOTE_LIMIT)}"
+        ) from exc
 
 
 def load_config(cls: type[C], source: str | None = None, overrides: list[str] | tuple[str, ...] = ()) -> C:
@@ -91,9 +235,11 @@ def load_config(cls: type[C], source: str | None = None, overrides: list[str] | 
     except pydantic.ValidationError as exc:
         problems = []
         for err in exc.errors():
-            field = ".".join(str(p) for p in err["loc"]) or "(root)"
+            field = clip(".".join(str(p) for p in err["loc"]) or "(root)")
             if err["type"] == "extra_forbidden":
                 problems.append(f"unknown key {field!r}")
             else:
-                problems.append(f"{field}: {err['msg']} (got {err.get('input')!r})")
+                # Our validators' ValueErrors read better without pydantic's "Value error, " prefix.
+                message = str(err.get("ctx", {}).get("error", err["msg"])) if err["type"] == "value_error" else err["msg"]
+                problems.append(f"{field}: {clip(message)} (got {clip(repr(err.get('input')))})")
         raise ConfigError(f"{cls.__name__} from {origin}: " + "; ".join(problems)) from None

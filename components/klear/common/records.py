@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, NamedTuple
 from urllib.parse import parse_qsl
@@ -24,10 +24,11 @@ import pyarrow.parquet as pq
 
 from klear.common import storage
 
-__all__ = ["Chunk", "Located", "ParquetShardWriter", "RecordError", "Source", "iter_chunks", "iter_records", "iter_training_records", "parse_chunk", "read_records", "write_records"]
+__all__ = ["Chunk", "Located", "ParquetShardWriter", "RecordError", "Source", "iter_chunks", "iter_records", "iter_training_records", "parse_chunk", "parse_sources", "primary_data_files", "read_records", "write_records"]
 
 _JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 _PARQUET_SUFFIXES = (".parquet",)
+_PUBLISHED_DATA_SUFFIXES = (".jsonl", ".ndjson", ".parquet")  # not .json: stages publish their reports as .json
 
 
 class RecordError(ValueError):
@@ -59,6 +60,44 @@ def _stem(uri: str) -> str:
     for suffix in (*_JSONL_SUFFIXES, *_PARQUET_SUFFIXES):
         base = base.removesuffix(suffix)
     return base or "source"
+
+
+def _path_parts(uri: str) -> list[str]:
+    """The folders and stem of a URI's path: s3://b/d1/math.jsonl -> [b, d1, math]."""
+    parts = [part for part in uri.split("://", 1)[-1].split("/") if part]
+    return [*parts[:-1], _stem(parts[-1])] if parts else ["source"]
+
+
+def parse_sources(specs: Iterable[str]) -> list[Source]:
+    """The sources of several specs, named apart. A name taken from the file (no #source=) that another source
+    also has gets parent folders until it differs (d1/math, d2/math), or a number when the URIs are alike:
+    a report merging two sources, and their `<name>:<row>` ids colliding, would hide what came from where.
+    Names given with #source= are kept: inputs named alike on purpose form one source."""
+    specs = list(specs)
+    sources = [Source.parse(spec) for spec in specs]
+    names = [source.name for source in sources]
+    implicit = [i for i, spec in enumerate(specs) if "source" not in dict(parse_qsl(spec.partition("#")[2]))]
+    parts = {i: _path_parts(sources[i].uri) for i in implicit}
+    depth = dict.fromkeys(implicit, 1)
+    while True:
+        holders: dict[str, list[int]] = {}
+        for i, name in enumerate(names):
+            holders.setdefault(name, []).append(i)
+        # Folders help only against a source at another path (an explicit name has none to compare).
+        growing = [i for i in implicit if depth[i] < len(parts[i])
+                   and any(j != i and parts.get(j) != parts[i] for j in holders[names[i]])]
+        if not growing:
+            break
+        for i in growing:
+            depth[i] += 1
+            names[i] = "/".join(parts[i][-depth[i]:])
+    used = {name for i, name in enumerate(names) if i not in depth}
+    for i in implicit:  # what parent folders could not tell apart (the same file twice): numbered in input order
+        name, number = names[i], 2
+        while names[i] in used:
+            names[i], number = f"{name} ({number})", number + 1
+        used.add(names[i])
+    return [replace(source, name=name) for source, name in zip(sources, names)]
 
 
 class Located(NamedTuple):
@@ -151,14 +190,14 @@ def iter_chunks(source: Source, size: int = 4096) -> Iterator[Chunk]:
     if storage.is_dir(uri):
         if storage.exists(uri.join(storage.MANIFEST_NAME)):
             with storage.fetch_published(uri) as (local, manifest):
-                for rel in sorted(manifest.files):
-                    if rel.endswith(_JSONL_SUFFIXES + _PARQUET_SUFFIXES):
-                        yield from _file_chunks(local / rel, f"{uri.join(rel)}", size)
+                for rel in primary_data_files(manifest.files):
+                    yield from _file_chunks(local / rel, f"{uri.join(rel)}", size)
             return
-        with storage.localize(uri) as local:
-            if (local / "dataset_info.json").exists() or (local / "dataset_dict.json").exists():
+        # Decided from the layout's marker files, before localize would download the whole folder.
+        if any(storage.exists(uri.join(name)) for name in ("dataset_info.json", "dataset_dict.json")):
+            with storage.localize(uri) as local:
                 yield from _hf_dataset_chunks(local, str(uri), source.fields.get("split"), size)
-                return
+            return
         raise storage.UnpublishedOutputError(
             f"{uri} is a directory with neither a {storage.MANIFEST_NAME} nor a Hugging Face datasets layout; "
             "name its files one by one, or publish it"
@@ -175,15 +214,22 @@ def iter_records(source: Source) -> Iterator[Located]:
         yield from parse_chunk(chunk)
 
 
+def primary_data_files(files: Iterable[str]) -> list[str]:
+    """The files of a published output that are read as its records: curate's kept prompts (prompts/) when
+    present -- never its removal lists (removed/) -- else every data file; reports (.json) never. One rule for
+    every reader, so that any stage's published output is a valid source of any other."""
+    data = sorted(f for f in files if f.endswith(_PUBLISHED_DATA_SUFFIXES))
+    prompts = [f for f in data if f.startswith("prompts/")]
+    return prompts or data
+
+
 def _published_data_files(uri: str) -> list[str] | None:
-    """For a published stage output, the files a training stage reads: curate's prompts/ if present, else all data."""
+    """For a published stage output, the files a training stage reads (see primary_data_files); None if unpublished."""
     try:
         manifest = storage.read_manifest(uri)
     except storage.UnpublishedOutputError:
         return None
-    data = [f for f in sorted(manifest.files) if f.endswith((".jsonl", ".parquet"))]  # not .json reports
-    prompts = [f for f in data if f.startswith("prompts/")]
-    return prompts or data
+    return primary_data_files(manifest.files)
 
 
 def iter_training_records(uris: Iterable[str]) -> Iterator[Located]:

@@ -38,6 +38,9 @@ def render_markdown(report: dict[str, Any]) -> str:
     lines += ["", "## Per test set", "", "| test set | items | items matched | prompts removed |", "|---|---|---|---|"]
     for name, c in report["per_benchmark"].items():
         lines.append(f"| {name} | {c['items']} | {c['items_matched']} | {c['prompts_removed']} |")
+    if report.get("ids_qualified"):
+        lines += ["", f"{report['ids_qualified']} kept prompts had an id an earlier kept prompt already had; "
+                  "they are published as `<source>:<id>`."]
     short = report["short_prompts"]
     lines += [
         "",

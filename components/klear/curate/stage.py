@@ -21,10 +21,10 @@ import logging
 import tempfile
 import time
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import orjson
@@ -35,7 +35,17 @@ from klear import testsets as shipped_benchmarks
 from klear.common import storage
 from klear.common.config import load_config
 from klear.common.parallel import ordered_map, resolve_workers
-from klear.common.records import Chunk, Located, ParquetShardWriter, RecordError, Source, iter_chunks, iter_records, parse_chunk
+from klear.common.records import (
+    Chunk,
+    Located,
+    ParquetShardWriter,
+    RecordError,
+    Source,
+    iter_chunks,
+    iter_records,
+    parse_chunk,
+    parse_sources,
+)
 from klear.curate.config import CurateConfig
 from klear.curate.matching import BenchmarkItem, Match, NgramIndex, dedup_key, normalize_batch
 from klear.curate.report import render_markdown
@@ -57,6 +67,7 @@ REMOVED_SCHEMA = pa.schema(
 )
 REASONS = ("duplicate", "contaminated", "short_match", "empty")
 ROW_SCHEMA = pa.schema([*PROMPT_SCHEMA, ("where", pa.string())])
+_CURATED_FIELDS = set(PROMPT_SCHEMA.names)  # the fields of a row of curate's output
 
 
 # --------------------------------------------------------------------------- reading
@@ -81,9 +92,22 @@ def load_benchmark_items(specs: Sequence[str], config: CurateConfig) -> list[Ben
     return items
 
 
-def _prompt_fields(located: Located, source: Source, prompt_field: str, id_field: str) -> tuple[str, str, str]:
+def _curated_record(record: dict[str, Any], prompt_field: str) -> str | None:
+    """The original row's JSON when `record` is a row of curate's own output (id, source, prompt, record),
+    so that curating a curated output keeps the source rows as they were instead of wrapping them again."""
+    if prompt_field != "prompt" or record.keys() != _CURATED_FIELDS or not isinstance(record["record"], str):
+        return None
+    try:
+        return record["record"] if isinstance(orjson.loads(record["record"]), dict) else None
+    except orjson.JSONDecodeError:
+        return None
+
+
+def _prompt_fields(
+    located: Located, source: Source, prompt_field: str, id_field: str, row_number: int | None = None
+) -> tuple[str, str, str]:
     """(id, prompt, the row's other fields as JSON) of one source row; a missing or non-text prompt is
-    an error naming it."""
+    an error naming it. A row without an id gets `<source>:<row_number>` (default: its line or row)."""
     record = located.record
     prompt = record.get(prompt_field)
     if not isinstance(prompt, str):
@@ -94,8 +118,11 @@ def _prompt_fields(located: Located, source: Source, prompt_field: str, id_field
             )
         raise RecordError(f"{located.where}: field {prompt_field!r} is {type(prompt).__name__}, expected a string")
     raw_id = record.get(id_field)
-    row_id = str(raw_id) if raw_id not in (None, "") else f"{source.name}:{located.number}"
-    others = orjson.dumps({k: v for k, v in record.items() if k != prompt_field}, default=str).decode()
+    row_number = located.number if row_number is None else row_number
+    row_id = str(raw_id) if raw_id not in (None, "") else f"{source.name}:{row_number}"
+    others = _curated_record(record, prompt_field)
+    if others is None:
+        others = orjson.dumps({k: v for k, v in record.items() if k != prompt_field}, default=str).decode()
     return row_id, prompt, others
 
 
@@ -139,9 +166,13 @@ class PreparedBatch:
     verdicts: BatchVerdicts
 
 
-def prepare_chunk(source: Source, chunk: Chunk, prompt_field: str, id_field: str, index: NgramIndex) -> PreparedBatch:
+def prepare_chunk(source: Source, chunk: Chunk, prompt_field: str, id_field: str, index: NgramIndex,
+                  first_row: int | None = None) -> PreparedBatch:
+    """`first_row`: the number, within the whole source, of the chunk's first entry (default: its number in
+    its file), so that rows of a source spanning several files get distinct `<source>:<row>` ids."""
     located = parse_chunk(chunk)
-    fields = [_prompt_fields(row, source, prompt_field, id_field) for row in located]
+    shift = 0 if first_row is None else first_row - chunk.first
+    fields = [_prompt_fields(row, source, prompt_field, id_field, row.number + shift) for row in located]
     ids, prompts, records = (list(column) for column in zip(*fields)) if fields else ([], [], [])
     rows = pa.record_batch(
         [ids, [source.name] * len(ids), prompts, records, [row.where for row in located]],
@@ -150,12 +181,32 @@ def prepare_chunk(source: Source, chunk: Chunk, prompt_field: str, id_field: str
     return PreparedBatch(source.name, rows, analyze_batch(index, prompts))
 
 
-def _prepare_in_worker(task: tuple[Source, Chunk, str, str]) -> PreparedBatch:
+def _prepare_in_worker(task: tuple[Source, Chunk, str, str, int]) -> PreparedBatch:
     assert _INDEX is not None, "worker started without the benchmark index"
-    return prepare_chunk(*task, _INDEX)
+    source, chunk, prompt_field, id_field, first_row = task
+    return prepare_chunk(source, chunk, prompt_field, id_field, _INDEX, first_row)
+
+
+def _tasks(sources: Sequence[Source], config: CurateConfig) -> Iterator[tuple[Source, Chunk, str, str, int]]:
+    """The chunks of every source in order, each with the number of its first entry within its source: rows
+    are numbered on across the files of a published folder and across inputs given one name (#source=)."""
+    entries_before: Counter[str] = Counter()
+    for source in sources:
+        fields = source.field("prompt", config.prompt_field), source.field("id", config.id_field)
+        for chunk in iter_chunks(source, config.batch_size):
+            yield source, chunk, *fields, entries_before[source.name] + 1
+            # Blank JSONL lines count, so that a single file's rows keep their line numbers.
+            entries_before[source.name] += len(chunk.lines if chunk.lines is not None else chunk.rows or ())
 
 
 # --------------------------------------------------------------------------- the stage
+
+
+class Decision(NamedTuple):
+    reason: str | None  # None: kept
+    matched: list[str]  # benchmark items (contaminated, short_match) or the kept prompt (duplicate)
+    ngram: str
+    id: str  # the prompt's id in the output: its own, or qualified when an earlier kept prompt has it
 
 
 class Decider:
@@ -165,6 +216,8 @@ class Decider:
     def __init__(self, items: Sequence[BenchmarkItem], config: CurateConfig, sources: Sequence[Source]) -> None:
         self.config = config
         self.kept_keys: dict[bytes, str] = {}  # dedup key -> id of the kept prompt
+        self.kept_ids: set[str] = set()
+        self.ids_qualified = 0  # kept prompts whose id an earlier kept prompt had
         # Every source appears in the report, even an empty one.
         self.per_source: dict[str, Counter[str]] = {source.name: Counter() for source in sources}
         self.benchmark_of = {item.id: item.benchmark for item in items}
@@ -182,31 +235,33 @@ class Decider:
         keep = np.zeros(len(ids), dtype=bool)
         removed_at: list[int] = []
         removal: dict[str, list[Any]] = {"reason": [], "matched": [], "ngram": []}
+        out_ids = list(ids)  # ids as published: a kept prompt may get a qualified one
         for i, row_id in enumerate(ids):
-            reason, matched, ngram = self.decide(row_id, batch.source, verdicts.keys[i], verdicts.word_counts[i],
-                                                 verdicts.matches[i])
-            counts[reason or "kept"] += 1
-            if reason is None:
+            decision = self.decide(row_id, batch.source, verdicts.keys[i], verdicts.word_counts[i], verdicts.matches[i])
+            counts[decision.reason or "kept"] += 1
+            if decision.reason is None:
                 keep[i] = True
+                out_ids[i] = decision.id
             else:
                 removed_at.append(i)
-                removal["reason"].append(reason)
-                removal["matched"].append(matched)
-                removal["ngram"].append(ngram)
+                removal["reason"].append(decision.reason)
+                removal["matched"].append(decision.matched)
+                removal["ngram"].append(decision.ngram)
         counts["read"] += len(ids)
         removed = pa.Table.from_batches([batch.rows.take(pa.array(removed_at, pa.int64()))])
         for name, values in removal.items():
             field = REMOVED_SCHEMA.field(name)
             removed = removed.append_column(field, pa.array(values, field.type))
-        return batch.rows.filter(pa.array(keep)), removed
+        rows = batch.rows
+        if out_ids != ids:
+            rows = rows.set_column(0, PROMPT_SCHEMA.field("id"), pa.array(out_ids, pa.string()))
+        return rows.filter(pa.array(keep)), removed
 
-    def decide(
-        self, row_id: str, source: str, key: bytes, word_count: int, match: Match | None
-    ) -> tuple[str | None, list[str], str]:
+    def decide(self, row_id: str, source: str, key: bytes, word_count: int, match: Match | None) -> Decision:
         """The removal reason of one prompt (None = keep), the ids it matched and the shared n-gram."""
         n = self.config.ngram_size
         if word_count == 0:
-            return "empty", [], ""
+            return Decision("empty", [], "", row_id)
         if word_count < n:
             removed = match is not None and self.config.drop_short_matches
             self.short_count += 1
@@ -216,15 +271,28 @@ class Decider:
                 assert match is not None
                 self.short_removed += 1
                 self._count_match(match)
-                return "short_match", list(match.item_ids), match.ngram
+                return Decision("short_match", list(match.item_ids), match.ngram, row_id)
         elif match is not None:
             self._count_match(match)
-            return "contaminated", list(match.item_ids), match.ngram
+            return Decision("contaminated", list(match.item_ids), match.ngram, row_id)
         first = self.kept_keys.get(key)
         if first is not None:
-            return "duplicate", [first], ""
-        self.kept_keys[key] = row_id
-        return None, [], ""
+            return Decision("duplicate", [first], "", row_id)
+        kept_id = self._claim_id(row_id, source)
+        self.kept_keys[key] = kept_id
+        return Decision(None, [], "", kept_id)
+
+    def _claim_id(self, row_id: str, source: str) -> str:
+        """`row_id`, or `<source>:<row_id>` (then `#2`, `#3`, ...) when an earlier kept prompt has it: later stages
+        key their work by prompt id, so two kept prompts must never share one (sources often both count from 0)."""
+        kept_id = row_id
+        if kept_id in self.kept_ids:
+            self.ids_qualified += 1
+            kept_id, number = f"{source}:{row_id}", 2
+            while kept_id in self.kept_ids:
+                kept_id, number = f"{source}:{row_id}#{number}", number + 1
+        self.kept_ids.add(kept_id)
+        return kept_id
 
     def _count_match(self, match: Match) -> None:
         for benchmark in {self.benchmark_of.get(item, "?") for item in match.item_ids}:
@@ -239,18 +307,16 @@ def run(
     """Curate `inputs` against the benchmarks and publish to `output`; returns the report."""
     started = time.monotonic()
     specs = list(benchmark_specs) if benchmark_specs else [str(p) for p in shipped_benchmarks.all_paths()]
+    storage.check_output(output, [*inputs, *specs])  # a bad output fails now, not after the work
     items = load_benchmark_items(specs, config)
     index = NgramIndex(items, n=config.ngram_size)
     log.info("benchmark index: %d items, %d distinct %d-grams", len(items), index.ngram_count, index.n)
-    sources = [Source.parse(spec) for spec in inputs]
+    sources = parse_sources(inputs)  # distinct names: d1/math.jsonl and d2/math.jsonl are d1/math and d2/math
     workers = resolve_workers(config.workers)
     decider = Decider(items, config, sources)
-    tasks = (
-        (source, chunk, source.field("prompt", config.prompt_field), source.field("id", config.id_field))
-        for source in sources
-        for chunk in iter_chunks(source, config.batch_size)
-    )
-    with tempfile.TemporaryDirectory(prefix="klear-curate-") as staging_dir:
+    tasks = _tasks(sources, config)
+    # Held from here to the manifest: a second run on the same output fails now (OutputBusyError).
+    with storage.claim_output(output), tempfile.TemporaryDirectory(prefix="klear-curate-") as staging_dir:
         staging = Path(staging_dir)
         kept = ParquetShardWriter(staging / "prompts", "part", PROMPT_SCHEMA, config.rows_per_shard,
                                   dictionary_columns=("source",))
@@ -318,6 +384,8 @@ def _report(
             "removed": decider.short_removed,
             "listed": decider.short_listed,
         },
+        # Kept prompts whose id an earlier kept prompt already had: published as <source>:<id>.
+        "ids_qualified": decider.ids_qualified,
         "config": config.model_dump(mode="json"),
         "workers": workers,
         "elapsed_s": round(elapsed, 3),
@@ -338,10 +406,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
-        "--input", nargs="+", required=True, metavar="URI", help="prompt sources, URI[#prompt=FIELD&id=FIELD&source=NAME]"
+        "--input", nargs="+", action="extend", required=True, metavar="URI",
+        help="prompt sources, URI[#prompt=FIELD&id=FIELD&source=NAME]; repeat the flag or list several",
     )
     parser.add_argument(
-        "--benchmark", nargs="+", default=None, metavar="URI", help="test sets (default: the shipped AIME24/25, HMMT25)"
+        "--benchmark", nargs="+", action="extend", default=None, metavar="URI",
+        help="test sets (default: the shipped AIME24/25, HMMT25); repeat the flag or list several",
     )
     parser.add_argument("--output", required=True, metavar="URI", help="output location (path, file:// or s3://)")
     add_config_arguments(parser)

@@ -81,7 +81,7 @@ class GppoConfig(StageConfig):
     use_vllm: bool = pydantic.Field(True, description="vLLM rollouts (GPU); off = transformers generate (CPU)")
     vllm_mode: Literal["colocate", "server"] = "colocate"
     vllm_server_host: str = "0.0.0.0"
-    vllm_server_port: int = 8000
+    vllm_server_port: int = pydantic.Field(8000, ge=1, le=65535)
     vllm_gpu_memory_utilization: float = pydantic.Field(0.4, gt=0, le=1)
     vllm_is_correction: bool = pydantic.Field(True, description="truncated importance sampling: trainer vs vLLM log-probs")
     vllm_is_cap: float = pydantic.Field(3.0, ge=1, description="cap of the importance weight π_train / π_vllm")
@@ -99,6 +99,13 @@ class GppoConfig(StageConfig):
 
     reward: RewardConfig = RewardConfig()
     verifier: VerifierConfig = VerifierConfig()
+
+    @pydantic.field_validator("max_steps")
+    @classmethod
+    def _steps_or_epochs(cls, value: int) -> int:
+        if value == 0 or value < -1:  # transformers would run 1 step for 0 and |n| - 1 for a negative n
+            raise ValueError("give a number of optimizer steps >= 1, or -1 for num_epochs over the data")
+        return value
 
     @pydantic.model_validator(mode="after")
     def _batches_fit(self) -> GppoConfig:

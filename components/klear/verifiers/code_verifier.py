@@ -106,6 +106,13 @@ class TestCase:
 
     @classmethod
     def from_dict(cls, d: dict) -> TestCase:
+        """A test from its JSON form; a malformed one is a ValueError saying what is missing and what is expected."""
+        expected = "expected keys input, output (and optionally testtype: stdin or functional)"
+        if not isinstance(d, dict):
+            raise ValueError(f"a test must be an object, got {type(d).__name__}; {expected}")
+        missing = [key for key in ("input", "output") if key not in d]
+        if missing:
+            raise ValueError(f"no {', '.join(map(repr, missing))} (keys present: {sorted(map(str, d))[:10]}); {expected}")
         testtype = d.get("testtype", "stdin")
         if testtype not in ("stdin", "functional"):
             raise ValueError(f"unknown testtype {testtype!r} (expected stdin or functional)")
