@@ -38,6 +38,37 @@ bench: install
 	$(BIN)/python benchmarks/bench_gppo_loss.py
 	$(BIN)/python benchmarks/bench_gppo_step.py
 	$(BIN)/python benchmarks/bench_sft.py
+	$(BIN)/python benchmarks/bench_judge.py
 
 clean:
 	rm -rf runs pipelines/compiled .pytest_cache
+
+# --- Images (docker/) and their locks. Names as in klear.common.images: the CPU image compiles the pipelines it
+# carries with the same two values, so they name the images built here.
+KLEAR_IMAGE_REGISTRY ?= klear
+KLEAR_IMAGE_TAG ?= 0.1.0
+CPU_IMAGE_REF := $(KLEAR_IMAGE_REGISTRY)/klear-cpu:$(KLEAR_IMAGE_TAG)
+GPU_IMAGE_REF := $(KLEAR_IMAGE_REGISTRY)/klear-gpu:$(KLEAR_IMAGE_TAG)
+
+.PHONY: lock check-images images push-images
+
+# Resolve each image's package set (docker/locks/*.in) into exact pins (docker/locks/*.txt) for the image's Python
+# and platform, with uv against PyPI. Run after changing pyproject.toml, constraints.txt or a *.in file.
+lock: install
+	$(BIN)/python docker/lock.py lock
+
+# Resolution only (package metadata, no wheels, seconds): each image's inputs must resolve with its lock for its
+# Python and platform, and the lock must hold exactly what they need. Also run by `make test` (tests/deploy).
+check-images: install
+	$(BIN)/python docker/lock.py check
+
+# Build and tag both images where a Docker engine runs; elsewhere say so and fail (nothing is built).
+images:
+	@docker info >/dev/null 2>&1 || { echo "make images: no Docker engine reachable here (docker info failed), so no image was built. Build where Docker/BuildKit runs; 'make check-images' checks the package sets without one." >&2; exit 2; }
+	docker build -f docker/cpu.Dockerfile --build-arg KLEAR_IMAGE_REGISTRY=$(KLEAR_IMAGE_REGISTRY) \
+		--build-arg KLEAR_IMAGE_TAG=$(KLEAR_IMAGE_TAG) -t $(CPU_IMAGE_REF) .
+	docker build -f docker/gpu.Dockerfile -t $(GPU_IMAGE_REF) .
+
+push-images: images
+	docker push $(CPU_IMAGE_REF)
+	docker push $(GPU_IMAGE_REF)
