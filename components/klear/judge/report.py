@@ -1,0 +1,39 @@
+"""The human-readable summary of a judge run (report.md), rendered from report.json's content."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def render_markdown(report: dict[str, Any]) -> str:
+    t = report["totals"]
+    lines = [
+        "# Judged samples",
+        "",
+        f"{t['samples']} samples of {t['problems']} problems judged ({report['elapsed_s']} s, "
+        f"{report['workers']} workers per task kind); {t['reused']} scores reused from an interrupted run.",
+        "",
+        "| task | samples | correct | accuracy | problems | mean pass rate |",
+        "|---|---|---|---|---|---|",
+    ]
+    for kind, k in report["per_kind"].items():
+        lines.append(f"| {kind} | {k['samples']} | {k['correct']} | {_pct(k['accuracy'])} | {k['problems']} | "
+                     f"{_pct(k['mean_pass_rate'])} |")
+    lines += ["", "## Verdicts", "", "| task | verdict | samples |", "|---|---|---|"]
+    for kind, verdicts in report["verdicts"].items():
+        for verdict, n in sorted(verdicts.items(), key=lambda kv: -kv[1]):
+            lines.append(f"| {kind} | {verdict} | {n} |")
+    lines += [
+        "",
+        f"Budget overruns (worker killed, counted wrong): {t['budget_timeout']}; scorer errors: {t['scorer_error']}; "
+        f"samples of problems without answer or tests: {t['no_reference']}; samples whose id is not among the "
+        f"problems: {t['unknown_problem']}.",
+        "",
+        "Pass rates per problem: `pass_rates/`; their histogram: `pass_rate_hist.png`.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%"

@@ -1,0 +1,56 @@
+"""KFP component of the rl-filter stage: a thin wrapper around `klear.rl_filter.stage.run`."""
+
+from kfp import dsl
+from kfp.dsl import Dataset, Input, Markdown, Metrics, Output
+
+from klear.common.images import CPU_IMAGE
+
+
+@dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
+def rl_filter(
+    problems: Input[Dataset],
+    filter_samples: Input[Dataset],
+    task: str,
+    preset: str,
+    overrides: list,
+    benchmark_uris: list,
+    run_root: str,
+    run_id: str,
+    rl_data: Output[Dataset],
+    summary: Output[Markdown],
+    metrics: Output[Metrics],
+):
+    """The RL training set: candidate problems kept when the filter model solves them reliably enough.
+
+    Args:
+        problems: candidate RL problems (curate's output: prompts/ with the source rows in `record`).
+        filter_samples: the filter model's samples of them (paper: DeepSeek-R1-0120, 16 each), from sample or judge.
+        task: "math" or "code" (each RL run's set), or "" for the config's task (auto: tests make a problem code).
+        preset: rl-filter config preset (paper, tiny) or a YAML file path.
+        overrides: config overrides, "key=value" strings (e.g. "min_tests=16", "keep_above=0.5").
+        benchmark_uris: test sets for decontamination; [] = the shipped AIME24/25 and HMMT25.
+        run_root: where stage outputs go, `<run_root>/<run id>/rl-filter-<task>`; "" = this artifact's own folder.
+        run_id: the pipeline run id (dsl.PIPELINE_JOB_ID_PLACEHOLDER).
+        rl_data: the published RL set (prompts/ in the gppo format, removed/ with reasons) that gppo reads.
+        summary: report.md, shown in the KFP UI.
+        metrics: problems read, kept, removed, and removals per reason.
+    """
+    from klear.common import kfp_io
+    from klear.common.config import load_config
+    from klear.rl_filter.config import RlFilterConfig
+    from klear.rl_filter.report import render_markdown
+    from klear.rl_filter.stage import run
+
+    if task not in ("", "math", "code"):
+        raise ValueError(f"task {task!r}: expected math, code or '' (the config's task)")
+    target = kfp_io.output_location(rl_data, run_root, run_id, f"rl-filter-{task}" if task else "rl-filter")
+    report = run(kfp_io.input_location(problems), kfp_io.input_location(filter_samples), target,
+                 load_config(RlFilterConfig, preset, list(overrides)), list(benchmark_uris) or None, task or None)
+    totals = report["totals"]
+    kfp_io.record_output(rl_data, target, {"kept": totals["kept"], "problems": totals["problems"]})
+    with open(summary.path, "w") as fh:
+        fh.write(render_markdown(report))
+    for key, value in totals.items():
+        metrics.log_metric(key, value)
+    for reason, n in report["reasons"].items():
+        metrics.log_metric(f"removed_{reason}", n)

@@ -1,0 +1,58 @@
+"""KFP component of the sft-data stage: a thin wrapper around `klear.sft_data.stage.run`."""
+
+from typing import Optional
+
+from kfp import dsl
+from kfp.dsl import Dataset, Input, Markdown, Metrics, Model, Output
+
+from klear.common.images import CPU_IMAGE
+
+
+@dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
+def sft_data(
+    teacher_samples: Input[Dataset],
+    preset: str,
+    overrides: list,
+    run_root: str,
+    run_id: str,
+    records: Output[Dataset],
+    summary: Output[Markdown],
+    metrics: Output[Metrics],
+    reference_samples: Optional[Input[Dataset]] = None,
+    target_model: Optional[Input[Model]] = None,
+):
+    """SFT chat records from the teacher's samples, labelled easy/hard by a reference model, filtered by policy.
+
+    Args:
+        teacher_samples: the teacher's samples (output of sample, or of judge to skip judging again).
+        preset: sft-data config preset (paper, tiny) or a YAML file path; `policy` picks what is kept.
+        overrides: config overrides, "key=value" strings (e.g. "policy=drop_incorrect_on_easy").
+        run_root: where stage outputs go, `<run_root>/<run id>/sft-data`; "" = this artifact's own folder.
+        run_id: the pipeline run id (dsl.PIPELINE_JOB_ID_PLACEHOLDER).
+        records: the published SFT records (records/part-*.parquet) that the sft stage reads.
+        summary: report.md, shown in the KFP UI.
+        metrics: records read and kept, drops by reason, what each policy would keep.
+        reference_samples: the reference model's samples (paper: Qwen3-8B); none = every difficulty unknown.
+        target_model: the model SFT trains (its tokenizer measures lengths); none = no length filter.
+    """
+    from klear.common import kfp_io
+    from klear.common.config import load_config
+    from klear.sft_data.config import SftDataConfig
+    from klear.sft_data.report import render_markdown
+    from klear.sft_data.stage import run
+
+    target = kfp_io.output_location(records, run_root, run_id, "sft-data")
+    report = run(kfp_io.input_location(teacher_samples), target, load_config(SftDataConfig, preset, list(overrides)),
+                 reference=kfp_io.input_location(reference_samples) if reference_samples is not None else None,
+                 tokenizer=kfp_io.input_location(target_model) if target_model is not None else None)
+    totals = report["totals"]
+    kfp_io.record_output(records, target, {"records": totals["kept"], "read": totals["read"]})
+    with open(summary.path, "w") as fh:
+        fh.write(render_markdown(report))
+    metrics.log_metric("read", totals["read"])
+    metrics.log_metric("kept", totals["kept"])
+    metrics.log_metric("unlabelled", totals["unlabelled"])
+    for reason, n in totals["dropped"].items():
+        metrics.log_metric(f"dropped_{reason}", n)
+    for policy, n in report["would_keep"].items():
+        metrics.log_metric(f"would_keep_{policy}", n)
