@@ -35,7 +35,17 @@ def run_compiled(name: str, workdir: Path, arguments: dict[str, Any], compiled_d
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(workdir.resolve() / "kfp"),
                raise_on_error=True)
     pipeline = components.load_component_from_file(str(path))
-    return pipeline(**arguments)
+    return pipeline(**as_declared(arguments, pipeline.component_spec.inputs or {}))
+
+
+def as_declared(arguments: dict[str, Any], inputs: dict[str, Any]) -> dict[str, Any]:
+    """Numbers given for string parameters as strings: `--arg gpus_per_node=0` reads 0 as a number, while the
+    pipelines take resources as strings (what the KFP driver resolves into a pod's resources)."""
+    def fits(name: str, value: Any) -> Any:
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        return str(value) if number and getattr(inputs.get(name), "type", None) == "String" else value
+
+    return {name: fits(name, value) for name, value in arguments.items()}
 
 
 def _summary(location: storage.Uri) -> str:

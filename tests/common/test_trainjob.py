@@ -6,9 +6,10 @@ import copy
 
 import pytest
 
+from klear.sft.stage import STAGE as SFT
 from klear.training.trainjob import JobSpec, job_state, render_pytorchjob, render_trainjob, validate_manifest
 
-SPEC = JobSpec(name="klear-sft-run-1", image="registry/klear-gpu:0.1.0", stage="sft", nodes=4, gpus_per_node=8,
+SPEC = JobSpec(name="klear-sft-run-1", image="registry/klear-gpu:0.1.0", stage=SFT, nodes=4, gpus_per_node=8,
                model="s3://models/Qwen3-8B-Base", data=["s3://runs/1/curate"], output="s3://runs/1/sft")
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from klear.common import storage
+from klear.gppo.stage import STAGE as GPPO
 from klear.training.launch import accelerate_command
 from klear.training.trainjob import JobSpec, render_trainjob, validate_manifest
 from klear.gppo.report import metric_items, render_markdown
@@ -20,7 +21,7 @@ DIGITS = "reward.scorer=tests.gppo.toy_scorers:digit_fraction"
 def test_two_cpu_processes_share_rounds_and_refill(tiny_model: str, demo_files: list[str], tmp_path: Path) -> None:
     """The command the component runs on a GPU node, with 2 CPU processes (gloo): each rank generates for its own
     prompts, the filtering and refill decisions are taken together, and the step count matches one process."""
-    argv = accelerate_command("gppo", tiny_model, demo_files[:1], str(tmp_path / "out"), "tiny-math",
+    argv = accelerate_command(GPPO, tiny_model, demo_files[:1], str(tmp_path / "out"), "tiny-math",
                               [DIGITS, "max_steps=4", "save_steps=2", "oversample=2.0"], processes_per_node=2,
                               main_port="29641", work_dir=str(tmp_path / "work"))
     done = subprocess.run(argv, capture_output=True, text=True, timeout=420)
@@ -33,7 +34,7 @@ def test_two_cpu_processes_share_rounds_and_refill(tiny_model: str, demo_files: 
 
 
 def test_trainer_job_runs_the_gppo_stage_on_every_node() -> None:
-    spec = JobSpec(name="klear-gppo-run-1", image="registry/klear-gpu:0.1.0", stage="gppo", nodes=2, gpus_per_node=8,
+    spec = JobSpec(name="klear-gppo-run-1", image="registry/klear-gpu:0.1.0", stage=GPPO, nodes=2, gpus_per_node=8,
                    model="s3://b/sft", data=["s3://b/rl-code.parquet"], output="s3://b/gppo-code", preset="code",
                    overrides=["save_steps=4"])
     job = render_trainjob(spec)

@@ -19,6 +19,7 @@ from klear.gppo.rewards import (
     format_reward_override,
     math_outcome,
     math_reward,
+    math_verdict,
     worker_verifier,
 )
 from klear.verifiers.code_verifier import CodeResult
@@ -136,6 +137,16 @@ def test_math_outcome() -> None:
     # the filter key of math is the reward even with filter_code_on_all_passed
     assert math_outcome(GOOD, "wrong", RewardConfig(filter_code_on_all_passed=True)).filter_key == 0.0
     assert math_outcome("x", "wrong", RewardConfig(filter_code_on_all_passed=True)).filter_key == -1.0
+
+
+def test_math_verdict_conflicting_boxes_is_a_switch() -> None:
+    """Training judges like evaluation: the last box decides unless the (off by default) switch rejects hedges."""
+    hedge = "<think>\nsum it up\n</think>\nFirst I thought $\\boxed{205}$, but finally $\\boxed{204}$."
+    assert math_verdict(hedge, "204", TINY) == "correct"
+    assert math_verdict(hedge, "205", TINY) == "wrong"
+    strict = TINY.model_copy(update={"reject_conflicting_boxes": True})
+    assert math_verdict(hedge, "204", strict) == "conflicting_boxes"
+    assert math_verdict(hedge.replace("205", "204"), "204", strict) == "correct"  # the same box twice is no hedge
 
 
 def test_failed_outcome() -> None:

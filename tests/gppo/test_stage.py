@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from klear.common import checkpoints, storage
+from klear.common import storage
 from klear.common.config import load_config
 from klear.gppo.config import GppoConfig
 from klear.gppo.stage import GppoError, run
+from klear.training import checkpoints
 from tests.training import kill_after_first_checkpoint
 
 DIGITS = "reward.scorer=tests.gppo.toy_scorers:digit_fraction"

@@ -71,6 +71,19 @@ def test_same_loss_and_gradient_as_trl_dapo(build) -> None:
     assert our_grads.abs().sum() > 0
 
 
+def test_advantages_are_the_papers_group_normalised_rewards(build) -> None:
+    """Eq. 4: Ã = (r − mean(group)) / (std(group) + ε), sample std, per group of num_generations rollouts.
+    TRL computes them (over every rank's rewards, ε = 1e-4); GPPO trains on them as they are."""
+    config = tiny_config(sft_alpha=0, filter_zero_advantage="false", reward__scorer=TOY + "digit_fraction")
+    trainer = build(config)
+    batch = first_round(trainer)
+    rewards = torch.tensor([o.reward for o in trainer.verifier_reward.outcomes], dtype=torch.float32)
+    groups = rewards.view(-1, trainer.num_generations)
+    expected = ((groups - groups.mean(1, keepdim=True)) / (groups.std(1, keepdim=True) + 1e-4)).view(-1)
+    assert expected.abs().sum() > 0  # a round with signal, else the comparison is empty
+    assert torch.allclose(batch["advantages"].float().cpu(), expected, atol=1e-5)
+
+
 def test_uninformative_groups_leave_the_loss_and_its_normaliser(build) -> None:
     config = tiny_config(sft_alpha=0, reward__scorer=TOY + "constant", max_refill_rounds=1)
     trainer = build(config)

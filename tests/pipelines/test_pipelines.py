@@ -4,6 +4,8 @@ import json
 from pathlib import Path
 
 import pytest
+from google.protobuf import json_format
+from kfp.pipeline_spec import pipeline_spec_pb2
 
 from klear.common import storage
 from klear.demo.generate import generate
@@ -23,16 +25,61 @@ def test_every_pipeline_compiles_and_loads_back(compiled: Path) -> None:
     assert names == ["klear-curate", "klear-gppo-code", "klear-gppo-math", "klear-reasoner", "klear-reasoner-demo",
                      "klear-sft"]
     spec = validate(compiled / "klear-reasoner-demo.yaml")
-    assert set(spec.root.dag.tasks) == {"demo-data", "curate", "tiny-model", "sft", "gppo-math", "gppo-code"}
-    assert spec.root.dag.tasks["curate"].dependent_tasks == ["demo-data"]
+    tasks = spec.root.dag.tasks
+    # Math RL and code RL are the one gppo component twice; the graph tells them apart by display name.
+    math_rl, code_rl = _task_named(spec, "math RL: GPPO"), _task_named(spec, "code RL: GPPO")
+    assert set(tasks) == {"demo-data", "curate", "tiny-model", "sft", math_rl, code_rl}
+    math_component, code_component = (spec.components[tasks[t].component_ref.name] for t in (math_rl, code_rl))
+    assert math_component.input_definitions == code_component.input_definitions
+    assert "task" in math_component.input_definitions.parameters
+    assert tasks[math_rl].inputs.parameters["task"].runtime_value.constant.string_value == "math"
+    assert tasks[code_rl].inputs.parameters["task"].runtime_value.constant.string_value == "code"
+    assert tasks["curate"].dependent_tasks == ["demo-data"]
     # The paper's order: SFT, then math RL from the SFT model, then code RL from the math RL model.
-    assert sorted(spec.root.dag.tasks["gppo-math"].dependent_tasks) == ["curate", "sft"]
-    assert sorted(spec.root.dag.tasks["gppo-code"].dependent_tasks) == ["curate", "gppo-math"]
+    assert sorted(tasks[math_rl].dependent_tasks) == ["curate", "sft"]
+    assert sorted(tasks[code_rl].dependent_tasks) == ["curate", math_rl]
     full = validate(compiled / "klear-reasoner.yaml")
-    assert {"sft", "gppo-math", "gppo-code"} <= set(full.root.dag.tasks)
+    assert "sft" in full.root.dag.tasks
+    assert _task_named(full, "math RL: GPPO") in full.root.dag.tasks[_task_named(full, "code RL: GPPO")].dependent_tasks
     # Cluster settings survive compilation: the S3 secret reaches the pod as env variables.
     text = (compiled / "klear-reasoner.yaml").read_text()
     assert "klear-s3" in text and "AWS_SECRET_ACCESS_KEY" in text
+
+
+def _task_named(spec, display_prefix: str) -> str:
+    """The task (by its name in the DAG) whose display name starts with `display_prefix`; exactly one."""
+    found = [name for name, task in spec.root.dag.tasks.items() if task.task_info.name.startswith(display_prefix)]
+    assert len(found) == 1, (display_prefix, found)
+    return found[0]
+
+
+def test_training_resources_are_run_time_parameters(compiled: Path) -> None:
+    """The full DAG sizes each training stage from string pipeline parameters (the only kind the KFP driver
+    resolves into pod resources); the CPU demo asks for no accelerator at all."""
+    full = validate(compiled / "klear-reasoner.yaml")
+    inputs = full.root.input_definitions.parameters
+    for name in ("sft_gpus_per_node", "rl_gpus_per_node", "sft_cpu", "sft_memory", "rl_cpu", "rl_memory"):
+        assert inputs[name].parameter_type == pipeline_spec_pb2.ParameterType.STRING, name
+    assert inputs["sft_gpus_per_node"].default_value.string_value == "8"
+    executors = full.deployment_spec.fields["executors"].struct_value.fields
+
+    def resources(task: str) -> dict:
+        executor = full.components[full.root.dag.tasks[task].component_ref.name].executor_label
+        return json_format.MessageToDict(executors[executor].struct_value)["container"]["resources"]
+
+    sft = resources("sft")
+    assert sft["accelerator"]["resourceCount"] == "{{$.inputs.parameters['pipelinechannel--sft_gpus_per_node']}}"
+    assert sft["resourceMemoryLimit"] == "{{$.inputs.parameters['pipelinechannel--sft_memory']}}"
+    code_rl = resources(_task_named(full, "code RL: GPPO"))
+    assert code_rl["accelerator"]["resourceCount"] == "{{$.inputs.parameters['pipelinechannel--rl_gpus_per_node']}}"
+    assert code_rl["resourceCpuLimit"] == "{{$.inputs.parameters['pipelinechannel--rl_cpu']}}"
+    # The GPU count the pod gets is the one the component launches processes for.
+    sft_args = full.root.dag.tasks["sft"].inputs.parameters
+    assert sft_args["gpus_per_node"].component_input_parameter == "sft_gpus_per_node"
+    assert full.root.dag.tasks["sft"].retry_policy.max_retry_count == 3
+    assert "dshm" in (compiled / "klear-reasoner.yaml").read_text()
+    demo = (compiled / "klear-reasoner-demo.yaml").read_text()
+    assert "accelerator" not in demo and "nvidia.com/gpu" not in demo
 
 
 def test_invalid_spec_is_rejected(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ import pytest
 
 from klear.common import storage
 from klear.demo.generate import generate
+from klear.sft.stage import STAGE as SFT
 from klear.training.launch import accelerate_command, shell_line
 from klear.sft.report import metric_items, render_markdown
 from klear.demo.tiny_model import build
@@ -24,13 +25,13 @@ def test_report_to_metrics_and_markdown(reference_run: dict) -> None:
 
 
 def test_node_command_uses_zero3_for_the_paper_preset() -> None:
-    argv = accelerate_command("sft", "s3://m/base", ["s3://d/sft"], "s3://o/sft", "paper", ["save_steps=100"], 8, nodes=4,
+    argv = accelerate_command(SFT, "s3://m/base", ["s3://d/sft"], "s3://o/sft", "paper", ["save_steps=100"], 8, nodes=4,
                               machine_rank="$PET_NODE_RANK", main_address="$PET_MASTER_ADDR", main_port="$PET_MASTER_PORT")
     assert argv[argv.index("--config_file") + 1].endswith("launch_configs/zero3.yaml")
     assert argv[argv.index("--num_processes") + 1] == "32" and argv[argv.index("--num_machines") + 1] == "4"
     line = shell_line(argv, ("$PET_NODE_RANK", "$PET_MASTER_ADDR", "$PET_MASTER_PORT"))
     assert "--machine_rank $PET_NODE_RANK" in line and "--set save_steps=100" in line
-    tiny = accelerate_command("sft", "m", ["d"], "o", "tiny", [], 2)
+    tiny = accelerate_command(SFT, "m", ["d"], "o", "tiny", [], 2)
     assert tiny[tiny.index("--config_file") + 1].endswith("launch_configs/ddp.yaml")
 
 

@@ -24,6 +24,10 @@ ASSISTANT = {"role": "assistant", "content": "<think>\n2 + 3 = 5\n</think>\n\nTh
 def test_record_shapes() -> None:
     assert to_messages({"messages": [USER, ASSISTANT]}) == [USER, ASSISTANT]
     assert to_messages({"record": json.dumps({"messages": [USER, ASSISTANT], "answer": "5"})}) == [USER, ASSISTANT]
+    assert to_messages({"prompt": USER["content"], "record": "{cut off"}) is None  # unreadable, not a bare prompt
+    # Curate's prompt with the source row's response: the outer row wins, the inner fills in.
+    curated = {"prompt": USER["content"], "record": json.dumps({"question": "x", "response": ASSISTANT["content"]})}
+    assert to_messages(curated) == [USER, ASSISTANT]
     assert to_messages({"prompt": USER["content"], "response": ASSISTANT["content"]}) == [USER, ASSISTANT]
     assert to_messages({"prompt": USER["content"]}) == [USER]
     assert to_messages({"problem": "no conversation here"}) == []

@@ -10,12 +10,13 @@ import pytest
 from transformers import AutoModelForCausalLM
 
 from klear.common import storage
+from klear.sft.stage import STAGE as SFT
 from klear.training.launch import accelerate_command
 
 
 def _launch(port: int, tiny_model: str, demo_files: list[str], tmp_path: Path, *sets: str) -> dict:
     # The very command the KFP component runs on a GPU node, here with 2 CPU processes.
-    argv = accelerate_command("sft", tiny_model, demo_files, str(tmp_path / "out"), "tiny",
+    argv = accelerate_command(SFT, tiny_model, demo_files, str(tmp_path / "out"), "tiny",
                               ["num_epochs=1", "save_steps=4", *sets], processes_per_node=2, main_port=str(port),
                               work_dir=str(tmp_path / "work"))
     done = subprocess.run(argv, capture_output=True, text=True, timeout=420)

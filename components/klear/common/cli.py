@@ -28,7 +28,8 @@ def add_training_stage(subparsers: argparse._SubParsersAction, name: str, help: 
     parser = subparsers.add_parser(name, help=help, description=description,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, metavar="URI", help=model_help)
-    parser.add_argument("--data", nargs="+", required=True, metavar="URI", help=data_help)
+    # extend, not store: `--data A --data B` keeps both
+    parser.add_argument("--data", nargs="+", action="extend", required=True, metavar="URI", help=data_help)
     parser.add_argument("--output", required=True, metavar="URI", help="output location; checkpoints under <output>/checkpoints")
     parser.add_argument("--work-dir", default=None,
                         help=f"local scratch folder shared by the node's ranks (default: $TMPDIR/klear-{name}-<hash of --output>)")

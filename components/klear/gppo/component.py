@@ -1,8 +1,7 @@
-"""KFP components of the gppo stage, one per RL run of the paper: math RL after SFT, then code RL.
-
-Thin wrappers around `klear.gppo.stage.run`, launched on CPU, one GPU node or several nodes as
-`klear.training.launch.run_training_stage` describes. Two components rather than one used twice, so
-the run's graph names them as the paper does and each keeps its own preset.
+"""KFP component of the gppo stage, used once per RL run of the paper: `task="math"` after SFT, then
+`task="code"` from the math RL model. A thin wrapper around the stage's spec (`klear.gppo.stage.STAGE`),
+launched on CPU, one GPU node or several nodes as `klear.training.launch.run_training_stage` describes.
+The pipeline names each use in the run's graph ("math RL: GPPO ...", "code RL: GPPO ...").
 """
 
 from kfp import dsl
@@ -12,12 +11,13 @@ from klear.common.images import GPU_IMAGE
 
 
 @dsl.component(base_image=GPU_IMAGE, install_kfp_package=False)
-def gppo_math(
+def gppo(
     policy: Input[Model],
     data: Input[Dataset],
+    task: str,
     preset: str,
     overrides: list,
-    gpus_per_node: int,
+    gpus_per_node: str,
     nodes: int,
     run_root: str,
     run_id: str,
@@ -25,29 +25,15 @@ def gppo_math(
     summary: Output[Markdown],
     metrics: Output[Metrics],
 ):
-    """Math RL of `policy` (the SFT model) on `data` with GPPO; checkpoints to object storage."""
+    """RL of `policy` on `data` with GPPO; checkpoints to object storage. `task` ("math" or "code") names the
+    step (its output goes to `<run_root>/<run id>/gppo-<task>`) and must match the preset's task.
+    `gpus_per_node` is a whole number as a string: the pipeline parameter that also sets the pod's GPU limit."""
+    from klear.gppo.stage import STAGE
     from klear.training.launch import run_training_component
 
-    run_training_component("gppo", "gppo-math", policy, data, preset, list(overrides), gpus_per_node, nodes, run_root,
-                           run_id, model, summary, metrics)
-
-
-@dsl.component(base_image=GPU_IMAGE, install_kfp_package=False)
-def gppo_code(
-    policy: Input[Model],
-    data: Input[Dataset],
-    preset: str,
-    overrides: list,
-    gpus_per_node: int,
-    nodes: int,
-    run_root: str,
-    run_id: str,
-    model: Output[Model],
-    summary: Output[Markdown],
-    metrics: Output[Metrics],
-):
-    """Code RL of `policy` (the math RL model) on `data` with GPPO; checkpoints to object storage."""
-    from klear.training.launch import run_training_component
-
-    run_training_component("gppo", "gppo-code", policy, data, preset, list(overrides), gpus_per_node, nodes, run_root,
-                           run_id, model, summary, metrics)
+    config = STAGE.config(preset, list(overrides))
+    if task not in ("math", "code") or config.task != task:
+        raise ValueError(f"step task {task!r} does not match preset {preset!r} (task {config.task!r}); expected "
+                         "math or code, with a preset of the same task")
+    run_training_component(STAGE, f"gppo-{task}", policy, data, preset, list(overrides), gpus_per_node, nodes,
+                           run_root, run_id, model, summary, metrics)

@@ -1,10 +1,11 @@
 """RL prompts from records: the prompt as a chat turn, plus what the verifier needs (answer or tests).
 
-Accepted records: curate's output (`prompt` plus the source row as JSON in `record`), or plain
-rows with the prompt in `prompt`, `problem` or `question`. Math rows need `answer`; code rows need
-`tests` (LiveCodeBench's {input, output, testtype}, a list or its JSON) and may name `fn_name`
-for functional problems. Rows that lack them, or whose prompt is too long, are skipped and
-counted with their file and line, never guessed at.
+Accepted records: curate's output (`prompt` plus the source row as JSON in `record`, unwrapped by
+`klear.training.data.flatten_record`), or plain rows with the prompt in `prompt`, `problem` or
+`question`. Math rows need `answer`; code rows need `tests` (LiveCodeBench's {input, output,
+testtype}, a list or its JSON) and may name `fn_name` for functional problems. Rows that lack
+them, whose `record` cannot be read, or whose prompt is too long, are skipped and counted with
+their file and line, never guessed at.
 """
 
 from __future__ import annotations
@@ -15,22 +16,10 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from klear.common.records import iter_training_records
+from klear.training.data import flatten_record
 
 PROMPT_FIELDS = ("prompt", "problem", "question")
-SKIP_REASONS = ("no_prompt", "no_answer", "no_tests", "prompt_too_long")
-
-
-def flatten(record: dict[str, Any]) -> dict[str, Any]:
-    """Curate's rows carry the source row as JSON in `record`; its fields fill in what the row lacks."""
-    inner = record.get("record")
-    if isinstance(inner, str):
-        try:
-            parsed = json.loads(inner)
-        except ValueError:
-            parsed = None
-        if isinstance(parsed, dict):
-            return {**parsed, **{k: v for k, v in record.items() if k != "record"}}
-    return record
+SKIP_REASONS = ("unreadable", "no_prompt", "no_answer", "no_tests", "prompt_too_long")
 
 
 def _tests(value: Any) -> list[dict[str, Any]] | None:
@@ -46,7 +35,9 @@ def _tests(value: Any) -> list[dict[str, Any]] | None:
 
 def rl_row(record: dict[str, Any], task: str, where: str) -> tuple[dict[str, Any] | None, str]:
     """(training row, "") or (None, skip reason) for one record."""
-    flat = flatten(record)
+    flat = flatten_record(record)
+    if flat is None:
+        return None, "unreadable"
     prompt = next((flat[f] for f in PROMPT_FIELDS if isinstance(flat.get(f), str) and flat[f].strip()), None)
     if prompt is None:
         return None, "no_prompt"
@@ -69,7 +60,9 @@ def rl_row(record: dict[str, Any], task: str, where: str) -> tuple[dict[str, Any
 def load_rows(uris: Iterable[str], task: str, prompt_tokens: Callable[[list[dict[str, str]]], int],
               max_prompt_length: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Training rows of all sources and the counts for the report (read, kept, skipped by reason, examples)."""
-    rows, skipped, examples = [], Counter(), []
+    rows: list[dict[str, Any]] = []
+    skipped: Counter[str] = Counter()
+    examples: list[str] = []
     read = 0
     for located in iter_training_records(uris):
         read += 1

@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
+
+from klear.training import report as common
+
+EXTRA_METRICS: tuple[common.Extra, ...] = (("fill_ratio_min", "training", "fill_ratio_min"),)
 
 
 def metric_items(report: dict[str, Any]) -> list[tuple[str, float]]:
-    """Flat (name, number) pairs: data counts, steps, reward timeouts, the run's figures. NaN/inf left out (KFP rejects them)."""
-    data, training = report["data"], report["training"]
-    items: list[tuple[str, float]] = [("records_read", data["read"]), ("records_kept", data["kept"])]
-    items += [(f"skipped_{reason}", count) for reason, count in sorted(data["skipped"].items())]
-    items += [("global_step", training["global_step"]), ("resumed_from_step", training["resumed_from_step"]),
-              ("fill_ratio_min", training["fill_ratio_min"])]
-    items += sorted(report["metrics"].items())
-    return [(name, float(value)) for name, value in items if math.isfinite(float(value))]
+    return common.metric_items(report, EXTRA_METRICS)
 
 
 # Rollout figures exist on the steps that generated; the others show "-".
@@ -34,12 +30,9 @@ def render_markdown(report: dict[str, Any]) -> str:
         "",
         f"Prompts: {data['read']} read, {data['kept']} trained on.",
         "",
-        "| skipped because | records |",
-        "|---|---|",
-        *(f"| {reason} | {count} |" for reason, count in sorted(data["skipped"].items())),
+        *common.skipped_table(data),
         "",
-        f"Optimizer steps: {training['global_step']} of {training['max_steps']}"
-        + (f", resumed from step {training['resumed_from_step']}" if training["resumed_from_step"] else "")
+        common.steps_line(training)
         + f". Reward timeouts: {training['reward_timeouts']}. Lowest fill ratio: {training['fill_ratio_min']:.2f}"
         + (" (some steps trained on fewer informative groups than asked for)" if training["fill_ratio_min"] < 1 else "")
         + ".",
@@ -49,9 +42,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         *(f"| {int(r['step'])} | " + " | ".join(_cell(r, key, digits) for key, digits in HISTORY_COLUMNS) + " |"
           for r in report["history"]),
         "",
-        "| metric | value |",
-        "|---|---|",
-        *(f"| {key} | {value:.6g} |" for key, value in sorted(report["metrics"].items())),
+        *common.metrics_table(report["metrics"]),
         "",
     ]
     return "\n".join(lines)

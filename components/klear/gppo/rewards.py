@@ -134,7 +134,8 @@ def math_verdict(response: str, gold: str, verifier: VerifierConfig) -> str:
 
     Calls math-verify directly: the worker's main thread is where its SIGALRM timeouts work.
     """
-    ext = extract_answer(response, verifier.think_end, verifier.require_think_end, verifier.require_box)
+    ext = extract_answer(response, verifier.think_end, verifier.require_think_end, verifier.require_box,
+                         verifier.reject_conflicting_boxes)
     if ext.answer is None or ext.reason == "conflicting_boxes":
         return ext.reason
     try:

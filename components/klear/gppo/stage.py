@@ -1,7 +1,7 @@
 """Entry point of the gppo stage: RL with GPPO (or PPO-clip / clip-higher / CISPO for ablations).
 
     klear gppo --model URI --data URI [URI ...] --output URI [--config math|code|tiny-math|tiny-code|FILE] [--set KEY=VALUE]
-    accelerate launch --config_file components/common/launch_configs/zero3.yaml -m klear.cli gppo ...   (many GPUs/nodes)
+    accelerate launch --config_file components/klear/training/launch_configs/zero3.yaml -m klear.cli gppo ...   (many GPUs/nodes)
 
 The paper runs it twice: math RL from the SFT model (`--config math`), then code RL from the math
 RL model (`--config code`). Rollouts are scored by the shared verifiers in worker processes with
@@ -13,28 +13,22 @@ hard time budgets. Publishes to `--output`:
     logs/           TensorBoard event files (reward, accuracy, clip fractions, entropy, lengths, grad norm, ...)
 
 Checkpoints go to `<output>/checkpoints/step-N` every `save_steps`, with the refill-stream position;
-a restarted run resumes from the newest complete one.
+a restarted run resumes from the newest complete one. The run itself is the shared training skeleton
+(klear/training/stage.py); this module supplies the dataset, the reward workers and the trainer.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import logging
-import os
 from pathlib import Path
 from typing import Any
 
-# Everything this stage reads is local or on S3: no model hub look-ups.
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-from klear.training import checkpoints, hf_model  # noqa: E402
-from klear.gppo.config import GppoConfig  # noqa: E402
-from klear.gppo.data import load_rows  # noqa: E402
-from klear.gppo.metrics import HistoryLogger, summarize  # noqa: E402
-from klear.gppo.report import render_markdown  # noqa: E402
-
-log = logging.getLogger("klear.gppo")
+# First: the skeleton sets HF_HUB_OFFLINE before anything imports transformers.
+from klear.training.stage import Prepared, StageInputs, TrainingStage, load_chat_tokenizer
+from klear.training import hf_model
+from klear.gppo.config import GppoConfig
+from klear.gppo.data import load_rows
+from klear.gppo.report import metric_items, render_markdown
 
 
 class GppoError(hf_model.ModelInputError):
@@ -42,24 +36,13 @@ class GppoError(hf_model.ModelInputError):
 
 
 def load_tokenizer(model_dir: Path, model: str, config: GppoConfig) -> Any:
-    """The model's tokenizer; rollouts end at <|im_end|> (what SFT taught the model to emit)."""
-    from transformers import AutoTokenizer
-
-    from klear.common.chat import END_OF_TURN, QWEN3_CHAT_TEMPLATE
-
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    if config.chat_template == "qwen3":
-        tokenizer.chat_template = QWEN3_CHAT_TEMPLATE
-    elif not tokenizer.chat_template:
-        raise GppoError(f"{model}: the tokenizer has no chat template; ship one or use --set chat_template=qwen3")
-    if END_OF_TURN in tokenizer.get_vocab():
-        tokenizer.eos_token = END_OF_TURN
-    if tokenizer.pad_token is None or tokenizer.pad_token == tokenizer.eos_token:
-        raise GppoError(f"{model}: the tokenizer needs a pad token distinct from its EOS {tokenizer.eos_token}")
-    return tokenizer
+    """The training tokenizer: chat template and EOS = <|im_end|> (what SFT taught the model to emit, where
+    rollouts stop), by the skeleton's one rule."""
+    return load_chat_tokenizer(model_dir, model, config.chat_template, GppoError)
 
 
 def build_dataset(data: list[str], tokenizer: Any, config: GppoConfig) -> tuple[Any, dict[str, Any]]:
+    """The usable prompts of the task (with answer or tests) and the counts for the report."""
     import datasets
 
     def prompt_tokens(messages: list[dict[str, str]]) -> int:
@@ -85,36 +68,35 @@ def make_trainer(model_dir: Path, tokenizer: Any, dataset: Any, config: GppoConf
                        gppo=config, reward=VerifierReward(pool, config.task))
 
 
-def run(model: str, data: list[str], output: str, config: GppoConfig, work_dir: str | None = None) -> dict[str, Any]:
-    """Train `model` with RL on `data`, publish the model and report to `output`; returns the report."""
+def _dataset(inputs: StageInputs) -> tuple[Any, dict[str, Any]]:
+    return build_dataset(inputs.data, inputs.tokenizer, inputs.config)
+
+
+def _trainer(inputs: StageInputs, dataset: Any) -> Prepared:
+    from klear.gppo.metrics import HistoryLogger, summarize
     from klear.gppo.rewards import RewardPool
 
-    with contextlib.ExitStack() as stack:
-        work = hf_model.scratch_folder("gppo", output, work_dir)
-        model_dir = hf_model.local_model(model, stack)
-        tokenizer = load_tokenizer(model_dir, model, config)
-        dataset, counts = build_dataset(data, tokenizer, config)
-        log.info("data: %d records, %d kept, skipped %s", counts["read"], counts["kept"], counts["skipped"])
-        pool = stack.enter_context(RewardPool(config.reward, config.verifier))
-        trainer = make_trainer(model_dir, tokenizer, dataset, config, work, pool)
-        resume = checkpoints.resume_point(output, Path(trainer.args.output_dir), work, config.resume, bool(config.deepspeed))
-        history = HistoryLogger()
-        trainer.add_callback(history)
-        result, published = checkpoints.train_resumable(trainer, output, work, resume, config.keep_checkpoints, "gppo")
-        report = {
-            "data": counts,
-            "training": {"global_step": trainer.state.global_step, "max_steps": trainer.state.max_steps,
-                         "resumed_from_step": int(resume.name.split("-")[-1]) if resume else 0,
-                         "checkpoints_published": published, "reward_timeouts": trainer.reward_timeouts,
-                         "fill_ratio_min": trainer.fill_ratio_min},
-            "history": history.rows,
-            "metrics": {**summarize(history.rows, result.metrics), "reward_timeouts": float(trainer.reward_timeouts)},
-            "config": config.model_dump(mode="json"),
-        }
-        hf_model.publish_trained(trainer, tokenizer, work, output, report, "gppo", render_markdown(report))
-        if not work_dir:  # everything is on storage now; a failed run keeps its folder for a retry in the same pod
-            hf_model.remove_when_all_done(work)
-    return report
+    config = inputs.config
+    pool = inputs.stack.enter_context(RewardPool(config.reward, config.verifier))
+    trainer = make_trainer(inputs.model_dir, inputs.tokenizer, dataset, config, inputs.work, pool)
+    history = HistoryLogger()
+    trainer.add_callback(history)
+
+    def finish(result: Any) -> dict[str, Any]:
+        return {"training": {"reward_timeouts": trainer.reward_timeouts, "fill_ratio_min": trainer.fill_ratio_min},
+                "history": history.rows,
+                "metrics": {**summarize(history.rows, result.metrics), "reward_timeouts": float(trainer.reward_timeouts)}}
+
+    return Prepared(trainer, finish)
+
+
+STAGE = TrainingStage(name="gppo", config_class=GppoConfig, error=GppoError, load_tokenizer=load_tokenizer,
+                      dataset=_dataset, trainer=_trainer, render_markdown=render_markdown, metric_items=metric_items)
+
+
+def run(model: str, data: list[str], output: str, config: GppoConfig, work_dir: str | None = None) -> dict[str, Any]:
+    """Train `model` with RL on `data`, publish the model and report to `output`; returns the report."""
+    return STAGE.run(model, data, output, config, work_dir)
 
 
 # --------------------------------------------------------------------------- CLI
@@ -123,7 +105,7 @@ def run(model: str, data: list[str], output: str, config: GppoConfig, work_dir: 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     from klear.common.cli import add_training_stage
 
-    add_training_stage(subparsers, "gppo", help="RL with GPPO (math or code; ablation losses), resumable", description=__doc__,
+    add_training_stage(subparsers, STAGE.name, help="RL with GPPO (math or code; ablation losses), resumable", description=__doc__,
                        model_help="policy to start from: the SFT (or math RL) output",
                        data_help="RL prompts: JSONL/Parquet or a published output",
                        default_preset="math", config_class=GppoConfig, run=run)

@@ -1,1 +1,1 @@
-"""Stage 3: long-CoT SFT on TRL + DeepSpeed ZeRO-3."""
+"""sft: long-CoT supervised fine-tuning on TRL + DeepSpeed ZeRO-3."""

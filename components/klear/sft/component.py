@@ -1,5 +1,5 @@
-"""KFP component of the sft stage: a thin wrapper around `klear.sft.stage.run`, launched on CPU, one GPU
-node or several nodes as `klear.training.launch.run_training_stage` describes."""
+"""KFP component of the sft stage: a thin wrapper around the stage's spec (`klear.sft.stage.STAGE`), launched on
+CPU, one GPU node or several nodes as `klear.training.launch.run_training_stage` describes."""
 
 from kfp import dsl
 from kfp.dsl import Dataset, Input, Markdown, Metrics, Model, Output
@@ -13,7 +13,7 @@ def sft(
     data: Input[Dataset],
     preset: str,
     overrides: list,
-    gpus_per_node: int,
+    gpus_per_node: str,
     nodes: int,
     run_root: str,
     run_id: str,
@@ -21,8 +21,10 @@ def sft(
     summary: Output[Markdown],
     metrics: Output[Metrics],
 ):
-    """Long-CoT SFT of `base_model` on `data` (assistant-only loss, packing, checkpoints to object storage)."""
+    """Long-CoT SFT of `base_model` on `data` (assistant-only loss, packing, checkpoints to object storage).
+    `gpus_per_node` is a whole number as a string: the pipeline parameter that also sets the pod's GPU limit."""
+    from klear.sft.stage import STAGE
     from klear.training.launch import run_training_component
 
-    run_training_component("sft", "sft", base_model, data, preset, list(overrides), gpus_per_node, nodes, run_root,
+    run_training_component(STAGE, "sft", base_model, data, preset, list(overrides), gpus_per_node, nodes, run_root,
                            run_id, model, summary, metrics)

@@ -3,7 +3,8 @@
 Accepted record shapes (first match wins):
 
   {"messages": [{"role": ..., "content": ...}, ...]}           chat rows (demo data, teacher samples)
-  {"record": "<JSON of a row with messages>", ...}             curate's prompts/part-*.parquet
+  {"record": "<JSON of a row with messages>", ...}             curate's prompts/part-*.parquet, unwrapped by
+                                                               klear.training.data.flatten_record (outer fields win)
   {"prompt": "...", "response" | "completion": "..."}          a prompt and one teacher response
 
 A record without an assistant turn, or longer than `max_length` tokens, is skipped and counted:
@@ -18,6 +19,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from klear.common.records import iter_training_records
+from klear.training.data import flatten_record
 
 SKIP_REASONS = ("no_assistant", "too_long", "unreadable")
 _ROLES = ("system", "user", "assistant")
@@ -25,20 +27,18 @@ _ROLES = ("system", "user", "assistant")
 
 def to_messages(record: dict[str, Any]) -> list[dict[str, str]] | None:
     """The record's conversation (role/content, plus reasoning_content when present): [] when the record has
-    none (a bare prompt), None when it has one that is malformed (unknown role, non-text content)."""
-    if isinstance(record.get("messages"), list):
-        raw = record["messages"]
-    elif isinstance(record.get("record"), str):
-        try:
-            inner = json.loads(record["record"])
-        except ValueError:
-            return None
-        return to_messages(inner) if isinstance(inner, dict) else None
-    elif "messages" in record:
+    none (a bare prompt), None when it has one that is malformed (unknown role, non-text content, unreadable
+    `record`)."""
+    flat = flatten_record(record)
+    if flat is None:
         return None
-    elif isinstance(record.get("prompt"), str):
-        response = record.get("response", record.get("completion"))
-        raw = [{"role": "user", "content": record["prompt"]}]
+    if isinstance(flat.get("messages"), list):
+        raw = flat["messages"]
+    elif "messages" in flat:
+        return None
+    elif isinstance(flat.get("prompt"), str):
+        response = flat.get("response", flat.get("completion"))
+        raw = [{"role": "user", "content": flat["prompt"]}]
         if isinstance(response, str):
             raw.append({"role": "assistant", "content": response})
     else:

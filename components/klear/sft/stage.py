@@ -1,7 +1,7 @@
 """Entry point of the sft stage: long-CoT supervised fine-tuning on TRL's SFTTrainer.
 
     klear sft --model URI --data URI [URI ...] --output URI [--config paper|tiny|FILE] [--set KEY=VALUE]
-    accelerate launch --config_file components/common/launch_configs/zero3.yaml -m klear.cli sft ...   (many GPUs/nodes)
+    accelerate launch --config_file components/klear/training/launch_configs/zero3.yaml -m klear.cli sft ...   (many GPUs/nodes)
 
 Trains on the assistant turns only (reasoning in <think>...</think> and the answer, up to and
 including <|im_end|>, the EOS), packs samples padding-free with per-sample position ids, and
@@ -13,33 +13,28 @@ publishes to `--output`:
     logs/           TensorBoard event files
 
 Checkpoints go to `<output>/checkpoints/step-N` every `save_steps`; a restarted run resumes from
-the newest complete one (see checkpoints.py).
+the newest complete one (see klear/training/checkpoints.py). The run itself is the shared training
+skeleton (klear/training/stage.py); this module supplies the tokenizer checks, dataset and trainer.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib.util
-import logging
 import os
 import shutil
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
-# Everything this stage reads is local or on S3: no model hub look-ups (TRL's model card asks the hub).
-# Set before transformers is imported, which reads it once.
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-from klear.training import checkpoints, hf_model  # noqa: E402
-from klear.training.hf_model import ModelInputError  # noqa: E402
-from klear.common.chat import END_OF_TURN, QWEN3_CHAT_TEMPLATE  # noqa: E402
-from klear.sft.config import SftConfig  # noqa: E402
-from klear.sft.data import encode_example, iter_conversations  # noqa: E402
-
-log = logging.getLogger("klear.sft")
-
+# First: the skeleton sets HF_HUB_OFFLINE before anything imports transformers.
+from klear.training.stage import Prepared, StageInputs, TrainingStage, load_chat_tokenizer
+from klear.training import hf_model
+from klear.training.hf_model import ModelInputError
+from klear.common.chat import END_OF_TURN
+from klear.sft.config import SftConfig
+from klear.sft.data import encode_example, iter_conversations
+from klear.sft.report import metric_items, render_markdown
 
 
 class SftError(ModelInputError):
@@ -50,26 +45,14 @@ class SftError(ModelInputError):
 
 
 def load_tokenizer(model_dir: Path, model: str, config: SftConfig) -> Any:
-    """The tokenizer with the training chat template and EOS = <|im_end|>; clear errors for what is missing."""
-    from transformers import AutoTokenizer
+    """The training tokenizer (template, EOS = <|im_end|>: the skeleton's rule), plus what assistant-only loss
+    needs: {% generation %} markers in the template, and <|im_end|> inside the assistant mask."""
     from trl.chat_template_utils import has_generation_markers, is_chat_template_stop_token_trained
 
-    if not any((model_dir / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json", "vocab.json")):
-        raise SftError(f"{model}: no tokenizer files (tokenizer.json / tokenizer_config.json); save the tokenizer with the model")
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    if config.chat_template == "qwen3":
-        tokenizer.chat_template = QWEN3_CHAT_TEMPLATE
-    elif not tokenizer.chat_template:
-        raise SftError(f"{model}: the tokenizer has no chat template; ship one or use --set chat_template=qwen3")
-    elif not has_generation_markers(tokenizer.chat_template):
+    tokenizer = load_chat_tokenizer(model_dir, model, config.chat_template, SftError)
+    if not has_generation_markers(tokenizer.chat_template):
         raise SftError(f"{model}: the chat template has no {{% generation %}} markers, so the assistant's tokens cannot be "
                        "told apart; use --set chat_template=qwen3")
-    if END_OF_TURN not in tokenizer.get_vocab():
-        raise SftError(f"{model}: the vocabulary has no {END_OF_TURN} token, the end of turn the model must learn to emit")
-    # The pitfall: a base model's EOS (<|endoftext|>) never follows an assistant turn, so it never stops.
-    tokenizer.eos_token = END_OF_TURN
-    if tokenizer.pad_token is None or tokenizer.pad_token == END_OF_TURN:
-        raise SftError(f"{model}: the tokenizer needs a pad token distinct from {END_OF_TURN}")
     if not is_chat_template_stop_token_trained(tokenizer):
         raise SftError(f"{model}: the chat template leaves {END_OF_TURN} outside the assistant mask; the model would never stop")
     return tokenizer
@@ -124,6 +107,8 @@ def training_arguments(config: SftConfig, work: Path) -> Any:
         lr_scheduler_type="cosine_with_min_lr",
         # As a rate: `min_lr` reads optimizer.defaults, which DeepSpeed's ZeRO optimizer lacks.
         lr_scheduler_kwargs={"min_lr_rate": config.min_learning_rate / config.learning_rate},
+        # transformers 5 has no warmup_ratio: a warmup_steps below 1 is read as a fraction of the total steps, and
+        # SftConfig keeps warmup_ratio < 1, so this is always the ratio.
         warmup_steps=config.warmup_ratio,
         weight_decay=config.weight_decay,
         max_grad_norm=config.max_grad_norm,
@@ -164,37 +149,28 @@ def make_trainer(model_dir: Path, tokenizer: Any, dataset: Any, args: Any) -> An
     return SFTTrainer(model=str(model_dir), args=args, train_dataset=dataset, processing_class=tokenizer)
 
 
+def _dataset(inputs: StageInputs) -> tuple[Any, dict[str, Any]]:
+    cache = inputs.work / "datasets" / f"rank-{os.environ.get('RANK', '0')}"
+    return build_dataset(inputs.data, inputs.tokenizer, inputs.config, cache)
+
+
+def _trainer(inputs: StageInputs, dataset: Any) -> Prepared:
+    from klear.sft.metrics import ThroughputLogger, summarize
+
+    args = training_arguments(inputs.config, inputs.work)  # before the model: it switches on ZeRO-3's partitioned init
+    trainer = make_trainer(inputs.model_dir, inputs.tokenizer, dataset, args)
+    throughput = ThroughputLogger()
+    throughput.install(trainer)
+    return Prepared(trainer, lambda result: {"metrics": summarize(throughput.history, result.metrics)})
+
+
+STAGE = TrainingStage(name="sft", config_class=SftConfig, error=SftError, load_tokenizer=load_tokenizer,
+                      dataset=_dataset, trainer=_trainer, render_markdown=render_markdown, metric_items=metric_items)
+
+
 def run(model: str, data: list[str], output: str, config: SftConfig, work_dir: str | None = None) -> dict[str, Any]:
     """Fine-tune `model` on `data`, publish the model and report to `output`; returns the report."""
-    from klear.sft.metrics import ThroughputLogger, summarize
-    from klear.sft.report import render_markdown
-
-    with contextlib.ExitStack() as stack:
-        work = hf_model.scratch_folder("sft", output, work_dir)
-        model_dir = hf_model.local_model(model, stack)
-        tokenizer = load_tokenizer(model_dir, model, config)
-        args = training_arguments(config, work)  # before the model: it switches on ZeRO-3's partitioned init
-        dataset, counts = build_dataset(data, tokenizer, config, work / "datasets" / f"rank-{os.environ.get('RANK', '0')}")
-        log.info("data: %d records, %d kept, skipped %s", counts["read"], counts["kept"], counts["skipped"])
-
-        trainer = make_trainer(model_dir, tokenizer, dataset, args)
-        resume = checkpoints.resume_point(output, Path(args.output_dir), work, config.resume, bool(config.deepspeed))
-        throughput = ThroughputLogger()
-        throughput.install(trainer)
-        result, published = checkpoints.train_resumable(trainer, output, work, resume, config.keep_checkpoints, "sft")
-        report = {
-            "data": counts,
-            "training": {"global_step": trainer.state.global_step, "max_steps": trainer.state.max_steps,
-                         "epochs": trainer.state.epoch, "resumed_from_step": int(resume.name.split("-")[-1]) if resume else 0,
-                         "checkpoints_published": published},
-            "metrics": summarize(throughput.history, result.metrics),
-            "config": config.model_dump(mode="json"),
-        }
-        hf_model.publish_trained(trainer, tokenizer, work, output, report, "sft", render_markdown(report))
-        log.info("published the model to %s", output)
-        if not work_dir:  # everything is on storage now; a failed run keeps its folder for a retry in the same pod
-            hf_model.remove_when_all_done(work)
-    return report
+    return STAGE.run(model, data, output, config, work_dir)
 
 
 # --------------------------------------------------------------------------- CLI
@@ -203,7 +179,7 @@ def run(model: str, data: list[str], output: str, config: SftConfig, work_dir: s
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     from klear.common.cli import add_training_stage
 
-    add_training_stage(subparsers, "sft", help="long-CoT SFT on TRL (assistant-only loss, packing, resumable)", description=__doc__,
-                       model_help="base model: a Hugging Face folder (path, file://, s3://)",
+    add_training_stage(subparsers, STAGE.name, help="long-CoT SFT on TRL (assistant-only loss, packing, resumable)",
+                       description=__doc__, model_help="base model: a Hugging Face folder (path, file://, s3://)",
                        data_help="SFT records: JSONL/Parquet or a published output",
                        default_preset="paper", config_class=SftConfig, run=run)

@@ -20,9 +20,12 @@ import os
 import time
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from klear.training.launch import accelerate_command, shell_line
+
+if TYPE_CHECKING:
+    from klear.training.stage import TrainingStage
 
 log = logging.getLogger("klear.trainjob")
 
@@ -36,7 +39,7 @@ K8S_DEFINITIONS = "https://kubernetes.io/api/_definitions.json"
 class JobSpec:
     name: str
     image: str
-    stage: str
+    stage: TrainingStage  # handed in by the stage's component: this module imports no stage
     nodes: int
     gpus_per_node: int
     model: str
@@ -47,8 +50,8 @@ class JobSpec:
     namespace: str = "kubeflow"
     s3_secret: str = "klear-s3"
     shm_size: str = "64Gi"
-    cpu: str = "96"
-    memory: str = "1600Gi"
+    cpu: str = "64"  # per node; the pipelines' defaults for an 8-GPU node
+    memory: str = "512Gi"
     runtime: str = "torch-distributed"  # Trainer v2 ClusterTrainingRuntime
 
 
@@ -202,7 +205,7 @@ class JobFailed(RuntimeError):
     """The training job failed; the message carries the operator's reason."""
 
 
-def run_trainjob(stage: str, model: str, data: list[str], output: str, preset: str, overrides: list[str], nodes: int,
+def run_trainjob(stage: TrainingStage, model: str, data: list[str], output: str, preset: str, overrides: list[str], nodes: int,
                  gpus_per_node: int, run_id: str, poll_seconds: float = 15.0) -> None:
     """Create the job in this pod's namespace, stream its master's log, return when it succeeds, raise when it fails.
 
@@ -215,7 +218,7 @@ def run_trainjob(stage: str, model: str, data: list[str], output: str, preset: s
     namespace_file = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
     namespace = open(namespace_file).read().strip() if os.path.exists(namespace_file) else "kubeflow"
     v2 = os.environ.get("KLEAR_TRAINER_API") == "v2"
-    spec = JobSpec(name=f"klear-{stage}-{run_id}"[:63].rstrip("-").lower(), image=GPU_IMAGE, stage=stage, nodes=nodes,
+    spec = JobSpec(name=f"klear-{stage.name}-{run_id}"[:63].rstrip("-").lower(), image=GPU_IMAGE, stage=stage, nodes=nodes,
                    gpus_per_node=gpus_per_node, model=model, data=data, output=output, preset=preset,
                    overrides=overrides, namespace=namespace)
     manifest = render_trainjob(spec) if v2 else render_pytorchjob(spec)
