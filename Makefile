@@ -38,7 +38,10 @@ bench: install
 	$(BIN)/python benchmarks/bench_gppo_loss.py
 	$(BIN)/python benchmarks/bench_gppo_step.py
 	$(BIN)/python benchmarks/bench_sft.py
+	$(BIN)/python benchmarks/bench_sample.py
+	$(BIN)/python benchmarks/gpu/bench_vllm_sample.py
 	$(BIN)/python benchmarks/bench_judge.py
+	$(BIN)/python benchmarks/bench_evaluate.py
 
 clean:
 	rm -rf runs pipelines/compiled .pytest_cache

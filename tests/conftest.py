@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -44,6 +45,13 @@ def s3_bucket(s3_env: dict[str, str]) -> str:
     name = f"klear-test-{os.getpid()}-{next(_bucket_numbers)}"
     boto3.client("s3", endpoint_url=s3_env["AWS_ENDPOINT_URL"], region_name="us-east-1").create_bucket(Bucket=name)
     return f"s3://{name}"
+
+
+def free_port() -> int:
+    """A loopback TCP port free right now, so tests that start servers or process groups can run side by side."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 @pytest.fixture()

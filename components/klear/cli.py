@@ -15,9 +15,15 @@ import sys
 COMMANDS = {
     "demo-data": "klear.demo.generate",
     "curate": "klear.curate.stage",
+    "sample": "klear.sample.stage",
     "tiny-model": "klear.demo.tiny_model",
     "sft": "klear.sft.stage",
     "gppo": "klear.gppo.stage",
+    "judge": "klear.judge.stage",
+    "sft-data": "klear.sft_data.stage",
+    "rl-filter": "klear.rl_filter.stage",
+    "evaluate": "klear.evaluate.stage",
+    "evaluate-prompts": "klear.evaluate.stage",
     "verify-math": "klear.verifiers.cli",
     "verify-code": "klear.verifiers.cli",
 }

@@ -13,6 +13,7 @@ from klear.gppo.stage import STAGE as GPPO
 from klear.training.launch import accelerate_command
 from klear.training.trainjob import JobSpec, render_trainjob, validate_manifest
 from klear.gppo.report import metric_items, render_markdown
+from tests.conftest import free_port
 
 DIGITS = "reward.scorer=tests.gppo.toy_scorers:digit_fraction"
 
@@ -23,7 +24,7 @@ def test_two_cpu_processes_share_rounds_and_refill(tiny_model: str, demo_files: 
     prompts, the filtering and refill decisions are taken together, and the step count matches one process."""
     argv = accelerate_command(GPPO, tiny_model, demo_files[:1], str(tmp_path / "out"), "tiny-math",
                               [DIGITS, "max_steps=4", "save_steps=2", "oversample=2.0"], processes_per_node=2,
-                              main_port="29641", work_dir=str(tmp_path / "work"))
+                              main_port=str(free_port()), work_dir=str(tmp_path / "work"))
     done = subprocess.run(argv, capture_output=True, text=True, timeout=420)
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     assert done.stderr.count("INFO klear.gppo: data:") == 2, "two ranks"

@@ -24,14 +24,21 @@ ALLOWED: dict[str, set[str]] = {
     "training": {"common"},
     "verifiers": {"common"},
     "curate": {"common", "testsets"},
+    "sample": {"common"},
     "demo": {"common", "testsets"},
     "sft": {"common", "training"},
     "gppo": {"common", "training", "verifiers"},
+    "judge": {"common", "verifiers"},
+    "sft_data": {"common", "judge"},
+    # testsets: the shipped benchmarks are its default decontamination sets, as for curate.
+    "rl_filter": {"common", "judge", "curate", "testsets"},
+    # sample: `klear evaluate --model` samples first; testsets: the shipped math sets are its default benchmarks.
+    "evaluate": {"common", "judge", "sample", "testsets"},
     "cli": {"common"},
 }
 # Packages that only exist in the training (GPU) image.
 TRAINING_ONLY = ("torch", "transformers", "trl", "deepspeed", "accelerate", "vllm")
-TORCH_FREE = ("common", "verifiers", "curate", "cli")
+TORCH_FREE = ("common", "verifiers", "curate", "sample", "cli", "judge", "sft_data", "rl_filter")
 
 
 def _klear_imports(path: Path) -> set[str]:

@@ -12,12 +12,13 @@ from transformers import AutoModelForCausalLM
 from klear.common import storage
 from klear.sft.stage import STAGE as SFT
 from klear.training.launch import accelerate_command
+from tests.conftest import free_port
 
 
-def _launch(port: int, tiny_model: str, demo_files: list[str], tmp_path: Path, *sets: str) -> dict:
+def _launch(tiny_model: str, demo_files: list[str], tmp_path: Path, *sets: str) -> dict:
     # The very command the KFP component runs on a GPU node, here with 2 CPU processes.
     argv = accelerate_command(SFT, tiny_model, demo_files, str(tmp_path / "out"), "tiny",
-                              ["num_epochs=1", "save_steps=4", *sets], processes_per_node=2, main_port=str(port),
+                              ["num_epochs=1", "save_steps=4", *sets], processes_per_node=2, main_port=str(free_port()),
                               work_dir=str(tmp_path / "work"))
     done = subprocess.run(argv, capture_output=True, text=True, timeout=420)
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
@@ -31,7 +32,7 @@ def _single_process_steps(report: dict) -> int:
 
 @pytest.mark.slow
 def test_ddp_two_cpu_processes(tiny_model: str, demo_files: list[str], reference_run: dict, tmp_path: Path) -> None:
-    report = _launch(29631, tiny_model, demo_files, tmp_path)
+    report = _launch(tiny_model, demo_files, tmp_path)
     one_process = _single_process_steps(reference_run["report"])
     # Each rank takes half of the packed rows: half the optimizer steps of one process (rounded up).
     assert report["training"]["global_step"] == -(-one_process // 2)
@@ -41,7 +42,7 @@ def test_ddp_two_cpu_processes(tiny_model: str, demo_files: list[str], reference
 @pytest.mark.slow
 def test_deepspeed_zero3_two_cpu_processes(tiny_model: str, demo_files: list[str], reference_run: dict,
                                            tmp_path: Path) -> None:
-    report = _launch(29632, tiny_model, demo_files, tmp_path, "deepspeed=zero3")
+    report = _launch(tiny_model, demo_files, tmp_path, "deepspeed=zero3")
     steps = report["training"]["global_step"]
     assert steps == -(-_single_process_steps(reference_run["report"]) // 2)
     # The checkpoint holds both ranks' ZeRO-3 partitions; the final model is gathered into one full safetensors.

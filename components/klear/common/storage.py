@@ -792,6 +792,29 @@ def publish_dir(local_dir: str | Path, dest: str | Uri, meta: dict[str, Any] | N
     return manifest
 
 
+def content_digest(uri: str | Uri) -> str:
+    """A sha256 naming the content at `uri`, without downloading it: a published output's manifest checksums,
+    an S3 object's ETag and size, a local file's own sha256; a folder, the digests of its files. Resumable
+    stages record it, so a restart can tell its inputs are the ones it started from."""
+    loc = Uri.parse(uri)
+    if exists(loc.join(MANIFEST_NAME)):
+        files = read_manifest(loc).files
+        return _digest(sorted((name, entry["sha256"]) for name, entry in files.items()))
+    if is_dir(loc):
+        return _digest([(name, content_digest(loc.join(name))) for name in list_files(loc)])
+    if loc.is_s3:
+        with _s3_errors(loc, "checking"):
+            head = _client().head_object(Bucket=loc.bucket, Key=loc.path)
+        return _digest([head["ETag"], head["ContentLength"]])
+    if not Path(loc.path).is_file():
+        raise FileNotFoundError(f"input not found: {loc}")
+    return sha256_file(loc.path)
+
+
+def _digest(parts: Any) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+
+
 def read_manifest(uri: str | Uri) -> Manifest:
     """The manifest of a published output; UnpublishedOutputError if there is none."""
     loc = Uri.parse(uri)

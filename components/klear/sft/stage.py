@@ -64,7 +64,21 @@ def build_dataset(data: list[str], tokenizer: Any, config: SftConfig, cache_dir:
 
     # The generator's cache is keyed on the URIs, not on their content: never reuse one from an earlier run.
     shutil.rmtree(cache_dir, ignore_errors=True)
-    rows = datasets.Dataset.from_generator(_conversations, gen_kwargs={"uris": list(data)}, cache_dir=str(cache_dir))
+    # Explicit features: an empty source is then an empty dataset (counted, refused below), not a schema error.
+    features = datasets.Features({"where": datasets.Value("string"), "conversation": datasets.Value("string")})
+    try:
+        rows = datasets.Dataset.from_generator(_conversations, gen_kwargs={"uris": list(data)}, features=features,
+                                               cache_dir=str(cache_dir))
+    except datasets.exceptions.DatasetGenerationError as exc:
+        # The reader's own error names the file and line (or the URI); datasets wraps it in a generic one.
+        cause = exc.__cause__
+        if isinstance(cause, (ValueError, OSError)):
+            raise SftError(str(cause)) from cause
+        raise
+    except ValueError as exc:  # datasets refuses a generator that yields nothing; look again only on this path
+        if next(iter_conversations(list(data)), None) is None:
+            raise SftError(f"no records in {', '.join(data)}") from exc
+        raise
     encoded = rows.map(encode_example_row, fn_kwargs={"tokenizer": tokenizer, "max_length": config.max_length},
                        num_proc=config.dataset_num_proc if len(rows) > 1000 else None, remove_columns=["conversation"],
                        desc="tokenizing")

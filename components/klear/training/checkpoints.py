@@ -97,18 +97,40 @@ def world_size_problem(written_by: int | None, now: int, deepspeed: bool) -> tup
                        "schedule resume, the data position is recomputed from the optimizer step for the new batch size")
 
 
-def resume_point(output: str, trainer_dir: Path, work: Path, enabled: bool, deepspeed: bool) -> Path | None:
+def resume_point(output: str, trainer_dir: Path, work: Path, enabled: bool, deepspeed: bool,
+                 fingerprint: dict[str, str] | None = None) -> Path | None:
     """The newest complete checkpoint, downloaded once per node by its local main process; every rank gets its
-    path. Raises ValueError when DeepSpeed partitions would have to be re-split."""
+    path. Raises ValueError when the checkpoint is of another run (its fingerprint differs: other model, data
+    or config) or when DeepSpeed partitions would have to be re-split. Not `enabled`: existing checkpoints
+    are deleted (asked to start afresh, and an old run's later steps must never be resumed by mistake)."""
     from accelerate import PartialState
+
+    from klear.training.fingerprint import differing_parts, mismatch_message
 
     state = PartialState()
     marker = work / "resume.json"
     if state.is_local_main_process:
-        found = newest_checkpoint(output, trainer_dir) if enabled else None
-        marker.write_text(json.dumps({"path": str(found) if found else None}))
+        found, error = None, None
+        # Local checkpoints left by an earlier run in this pod are stale: storage decides what resumes.
+        for stale in trainer_dir.glob("checkpoint-*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        steps = published_steps(output)
+        if not enabled:
+            for step in steps:
+                log.warning("resume=false: deleting checkpoint step %d of an earlier run in %s", step, output)
+                delete_checkpoint(output, step)
+        elif steps and fingerprint is not None:
+            recorded = storage.read_manifest(checkpoint_uri(output, steps[-1])).meta.get("fingerprint")
+            parts = differing_parts(recorded, fingerprint)
+            error = mismatch_message(output, parts) if parts else None
+        if enabled and error is None:
+            found = newest_checkpoint(output, trainer_dir)
+        marker.write_text(json.dumps({"path": str(found) if found else None, "error": error}))
     state.wait_for_everyone()
-    path = json.loads(marker.read_text())["path"]
+    decided = json.loads(marker.read_text())
+    if decided["error"]:
+        raise ValueError(decided["error"])
+    path = decided["path"]
     if not path:
         return None
     meta = json.loads((Path(path) / META_FILE).read_text())
@@ -145,8 +167,10 @@ def _snapshot(source: Path, target: Path) -> None:
 class CheckpointUploader(TrainerCallback):
     """Publishes each local Trainer checkpoint to `<output>/checkpoints/step-N` in the background."""
 
-    def __init__(self, output: str, staging: Path, keep: int, tensorboard: Any = None, stage: str = "sft") -> None:
+    def __init__(self, output: str, staging: Path, keep: int, tensorboard: Any = None, stage: str = "sft",
+                 fingerprint: dict[str, str] | None = None) -> None:
         self.stage = stage
+        self.fingerprint = fingerprint  # what the run is of (klear.training.fingerprint), checked on resume
         self.world_size = 1
         self.tensorboard = tensorboard  # rank 0's SummaryWriter, or None
         self.output = output
@@ -171,13 +195,15 @@ class CheckpointUploader(TrainerCallback):
         _snapshot(Path(args.output_dir) / f"checkpoint-{step}", snapshot)
         if self.tensorboard is not None:
             self.tensorboard.flush()  # copied, not linked: the writer keeps appending to its file
+            shutil.rmtree(snapshot / TENSORBOARD, ignore_errors=True)  # a resumed checkpoint's copy is older
             shutil.copytree(self.tensorboard.log_dir, snapshot / TENSORBOARD)
         self._thread = threading.Thread(target=self._upload, args=(snapshot, step), name=f"upload-step-{step}", daemon=True)
         self._thread.start()
 
     def _upload(self, snapshot: Path, step: int) -> None:
         try:
-            meta = {"stage": self.stage, "global_step": step, "world_size": self.world_size}
+            meta = {"stage": self.stage, "global_step": step, "world_size": self.world_size,
+                    "fingerprint": self.fingerprint}
             storage.publish_dir(snapshot, checkpoint_uri(self.output, step), meta=meta)
             log.info("checkpoint step %d published to %s", step, checkpoint_uri(self.output, step))
             self.published.append(step)
@@ -201,7 +227,8 @@ class CheckpointUploader(TrainerCallback):
         self.wait()
 
 
-def train_resumable(trainer: Any, output: str, work: Path, resume: Path | None, keep: int, stage: str) -> tuple[Any, list[int]]:
+def train_resumable(trainer: Any, output: str, work: Path, resume: Path | None, keep: int, stage: str,
+                    fingerprint: dict[str, str] | None = None) -> tuple[Any, list[int]]:
     """Run `trainer` from `resume` (or from scratch) with TensorBoard logs under `work/logs` (continued from the
     checkpoint's) and checkpoints published to `<output>/checkpoints`; returns TrainOutput and published steps."""
     from torch.utils.tensorboard import SummaryWriter
@@ -213,7 +240,7 @@ def train_resumable(trainer: Any, output: str, work: Path, resume: Path | None, 
             shutil.copytree(resume / TENSORBOARD, work / "logs", dirs_exist_ok=True)
         writer = SummaryWriter(log_dir=str(work / "logs"))
         trainer.add_callback(TensorBoardCallback(tb_writer=writer))
-    uploader = CheckpointUploader(output, work / "staging", keep, writer, stage)
+    uploader = CheckpointUploader(output, work / "staging", keep, writer, stage, fingerprint)
     trainer.add_callback(uploader)
     if resume:
         log.info("resuming from checkpoint %s", resume.name)

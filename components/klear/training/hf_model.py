@@ -36,7 +36,24 @@ def local_model(model: str, stack: contextlib.ExitStack) -> Path:
         path = stack.enter_context(storage.localize(model))
     if not (path / "config.json").is_file():
         raise ModelInputError(f"{model}: no config.json; expected a Hugging Face model folder")
+    check_weights(path, model)
     return path
+
+
+def check_weights(path: Path, model: str) -> None:
+    """Every safetensors file opens (header and sizes agree) and there are weights at all, so a corrupt or
+    truncated download fails here naming the file, not deep inside model loading."""
+    from safetensors import safe_open
+
+    weights = sorted(path.glob("*.safetensors"))
+    if not weights and not any(path.glob("*.bin")):
+        raise ModelInputError(f"{model}: no weights (*.safetensors or *.bin) beside config.json")
+    for file in weights:
+        try:
+            with safe_open(str(file), framework="numpy"):
+                pass
+        except Exception as exc:  # noqa: BLE001 - safetensors raises its own error types for every defect
+            raise ModelInputError(f"{model}: {file.name} is not a readable safetensors file ({exc})") from exc
 
 
 def attention(choice: str) -> str:

@@ -24,8 +24,10 @@ from typing import Any, Protocol
 # Set before transformers is imported, which reads it once.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from klear.common import storage  # noqa: E402
 from klear.common.chat import END_OF_TURN, QWEN3_CHAT_TEMPLATE  # noqa: E402
 from klear.training import checkpoints, hf_model  # noqa: E402
+from klear.training.fingerprint import run_fingerprint  # noqa: E402
 from klear.training.hf_model import ModelInputError  # noqa: E402
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json")
@@ -90,8 +92,14 @@ class TrainingStage:
 def run_stage(stage: TrainingStage, model: str, data: list[str], output: str, config: TrainingConfig,
               work_dir: str | None = None) -> dict[str, Any]:
     log = logging.getLogger(f"klear.{stage.name}")
+    # Refused in the first seconds, before the model loads: a bad or unreachable output, one that is an input
+    # (`--output` = `--model` would overwrite the base model), a second run writing the same output.
+    storage.check_output(output, [model, *data])
     with contextlib.ExitStack() as stack:
+        if os.environ.get("RANK", "0") == "0":  # the rank that publishes holds the output for the whole run
+            stack.enter_context(storage.claim_output(output))
         work = hf_model.scratch_folder(stage.name, output, work_dir)
+        fingerprint = run_fingerprint(model, data, config.model_dump(mode="json"))
         model_dir = hf_model.local_model(model, stack)
         tokenizer = stage.load_tokenizer(model_dir, model, config)
         inputs = StageInputs(model, model_dir, list(data), config, tokenizer, work, stack)
@@ -99,8 +107,10 @@ def run_stage(stage: TrainingStage, model: str, data: list[str], output: str, co
         log.info("data: %d records, %d kept, skipped %s", counts["read"], counts["kept"], counts["skipped"])
         prepared = stage.trainer(inputs, dataset)
         trainer = prepared.trainer
-        resume = checkpoints.resume_point(output, Path(trainer.args.output_dir), work, config.resume, bool(config.deepspeed))
-        result, published = checkpoints.train_resumable(trainer, output, work, resume, config.keep_checkpoints, stage.name)
+        resume = checkpoints.resume_point(output, Path(trainer.args.output_dir), work, config.resume,
+                                          bool(config.deepspeed), fingerprint)
+        result, published = checkpoints.train_resumable(trainer, output, work, resume, config.keep_checkpoints,
+                                                        stage.name, fingerprint)
         report = assemble_report(counts, trainer.state, step_of(resume), published, prepared.finish(result), config)
         hf_model.publish_trained(trainer, tokenizer, work, output, report, stage.name, stage.render_markdown(report))
         log.info("published the model to %s", output)

@@ -1,0 +1,97 @@
+"""vLLM offline through `klear sample` against vLLM's own `vllm bench throughput`, same model and lengths.
+
+    python benchmarks/gpu/bench_vllm_sample.py [--model PATH] [--prompts 512] [--n 8] [--output-len 512]
+
+Without a GPU or without vllm it says so and exits 0. Without --model it builds a small Qwen3-architecture model
+in code (klear.demo.tiny_model with head_dim 64, which every vLLM attention backend supports): random weights
+rarely emit their EOS, so nearly every sample runs to --output-len tokens and both sides generate the same
+amount. Prints output tokens/s of each and their ratio: what the stage's own work (shards, resume bookkeeping,
+chunked calls) costs on top of the engine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+
+def gpu_ready() -> str | None:
+    """None when vLLM can run here, else why not."""
+    if importlib.util.find_spec("vllm") is None:
+        return "vllm is not installed (it is in the GPU image only)"
+    import torch
+
+    if not torch.cuda.is_available():
+        return "no CUDA device"
+    return None
+
+
+def build_model(directory: Path) -> str:
+    from klear.demo.tiny_model import TinySpec, build
+
+    spec = TinySpec(hidden_size=512, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=8,
+                    num_key_value_heads=4, head_dim=64, max_position_embeddings=8192)
+    build(str(directory), spec)
+    return str(directory)
+
+
+def klear_sample(model: str, prompts: int, n: int, output_len: int, work: Path) -> tuple[float, float, int]:
+    source = work / "prompts.jsonl"
+    with open(source, "w") as fh:
+        for i in range(prompts):
+            fh.write(json.dumps({"id": f"q{i}", "prompt": f"Compute {i} * {i + 7} and explain every step."}) + "\n")
+    out = work / "klear-out"
+    command = [sys.executable, "-m", "klear.cli", "sample", "--prompts", str(source), "--output", str(out),
+               "--model", model, "--config", "paper", "--set", "backend=vllm", "--set", f"n={n}",
+               "--set", f"max_tokens={output_len}", "--set", "temperature=1.0", "--set", "top_p=1.0",
+               "--set", f"batch_prompts={prompts}", "--set", "progress_seconds=30.0"]
+    subprocess.run(command, check=True)
+    report = json.loads((out / "report.json").read_text())
+    mean_prompt = report["tokens"]["prompt"] / max(report["units"]["rows"], 1)
+    return report["speed"]["tokens_per_s"], report["speed"]["samples_per_s"], round(mean_prompt)
+
+
+def vllm_bench(model: str, prompts: int, n: int, input_len: int, output_len: int) -> float:
+    command = ["vllm", "bench", "throughput", "--model", model, "--dataset-name", "random", "--input-len",
+               str(input_len), "--output-len", str(output_len), "--num-prompts", str(prompts), "--n", str(n),
+               "--enable-prefix-caching"]
+    if shutil.which("vllm") is None:
+        command = [sys.executable, "-m", "vllm.entrypoints.cli.main", *command[1:]]
+    result = subprocess.run(command, capture_output=True, text=True, check=True)
+    match = re.search(r"Throughput:.*?([\d.]+) total tokens/s, ([\d.]+) output tokens/s", result.stdout)
+    if not match:
+        raise SystemExit(f"could not read vllm bench's figures:\n{result.stdout[-2000:]}")
+    return float(match.group(2))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", help="model folder (default: a small random Qwen3 model built here)")
+    parser.add_argument("--prompts", type=int, default=512)
+    parser.add_argument("--n", type=int, default=8)
+    parser.add_argument("--output-len", type=int, default=512)
+    args = parser.parse_args()
+    reason = gpu_ready()
+    if reason:
+        print(f"bench_vllm_sample: skipped, {reason}.")
+        return
+    with tempfile.TemporaryDirectory(prefix="bench-vllm-") as tmp:
+        work = Path(tmp)
+        model = args.model or build_model(work / "model")
+        ours, samples_per_s, input_len = klear_sample(model, args.prompts, args.n, args.output_len, work)
+        theirs = vllm_bench(model, args.prompts, args.n, input_len, args.output_len)
+    print(f"vLLM offline, {args.prompts} prompts x n={args.n}, ~{input_len} prompt tokens, {args.output_len} new tokens")
+    print(f"  klear sample:           {ours:,.0f} output tokens/s ({samples_per_s:.1f} samples/s, sampling phase)")
+    print(f"  vllm bench throughput:  {theirs:,.0f} output tokens/s")
+    print(f"  ratio: {ours / theirs:.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,67 @@
+"""KFP component of the sample stage: a thin wrapper around `klear.sample.stage.run`."""
+
+from typing import Optional
+
+from kfp import dsl
+from kfp.dsl import Dataset, Input, Markdown, Metrics, Model, Output
+
+from klear.common.images import GPU_IMAGE
+
+
+@dsl.component(base_image=GPU_IMAGE, install_kfp_package=False)
+def sample(
+    prompts: Input[Dataset],
+    endpoint: str,
+    served_model: str,
+    api_key_env: str,
+    name: str,
+    preset: str,
+    overrides: list,
+    run_root: str,
+    run_id: str,
+    samples: Output[Dataset],
+    summary: Output[Markdown],
+    metrics: Output[Metrics],
+    model: Optional[Input[Model]] = None,
+):
+    """n responses per prompt from a model (vLLM on the pod's GPUs, transformers on CPU) or an OpenAI-compatible
+    endpoint, kept per (prompt, sample) so a retried pod samples only what is missing.
+
+    Args:
+        prompts: Prompt records: curate's output (its prompts/ are read) or a published folder of JSONL/Parquet
+            files with `id` and `prompt` fields.
+        endpoint: OpenAI-compatible API root (e.g. http://teacher.svc:8000/v1); empty to sample `model` instead.
+        served_model: The model name the endpoint serves (its `model` field); ignored without an endpoint.
+        api_key_env: Name of the environment variable holding the endpoint's API key (set it from a Kubernetes
+            Secret); the key is never written anywhere. Empty for the default, OPENAI_API_KEY.
+        name: What this sampling is for (teacher, reference, eval-aime24): names the output folder under
+            run_root, so several sample tasks of one run do not collide.
+        preset: Config preset (paper: T 0.6, top_p 0.95, 32,768 tokens, n 16; tiny: CPU demo) or a YAML path.
+        overrides: Config overrides, "key=value" strings (e.g. "n=64", "max_failed_fraction=0.01").
+        run_root: Object-storage root of run outputs (s3://bucket/runs); the output goes to
+            <run_root>/<run_id>/sample-<name> and its work area beside it, so a retried pod resumes. Empty: the
+            output artifact's own folder (no resume across pods).
+        run_id: The pipeline run's id (dsl.PIPELINE_JOB_ID_PLACEHOLDER).
+        samples: The published samples: samples/part-*.parquet, failed/, report.json, report.md.
+        summary: The run's report: counts, settings, tokens, speed, failures.
+        metrics: Sampled and failed units, tokens, samples/s and tokens/s.
+        model: The model to sample (a published model folder); leave unset when sampling an endpoint.
+    """
+    from klear.common import kfp_io
+    from klear.common.config import load_config
+    from klear.sample.config import SampleConfig
+    from klear.sample.report import metric_items, render_markdown
+    from klear.sample.stage import run
+
+    extra = [f"api_key_env={api_key_env}"] if api_key_env else []
+    config = load_config(SampleConfig, preset, [*overrides, *extra])
+    target = kfp_io.output_location(samples, run_root, run_id, f"sample-{name}" if name else "sample")
+    report = run([kfp_io.input_location(prompts)], target, config,
+                 model=kfp_io.input_location(model) if model is not None and not endpoint else None,
+                 endpoint=endpoint or None, served_model=served_model or None)
+    kfp_io.record_output(samples, target, {"rows": report["units"]["rows"], "failed": report["units"]["failed"],
+                                           "settings_hash": report["settings_hash"]})
+    with open(summary.path, "w") as fh:
+        fh.write(render_markdown(report))
+    for key, value in metric_items(report):
+        metrics.log_metric(key, value)

@@ -1,0 +1,155 @@
+"""Prompts and work units: what is sampled, under which settings, and what is still missing.
+
+A work unit is (prompt id, sample index). It is done when a published shard holds it with the same prompt
+hash (the prompt text may not change under a kept id), under the same settings hash. Everything here is pure:
+the stage reads and writes, these functions decide.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from klear.common.records import Located, RecordError, Source
+
+
+class DuplicatePromptError(RecordError):
+    """Two input rows share a prompt id: which one's samples would a unit be?"""
+
+
+@dataclass(frozen=True)
+class Prompt:
+    index: int  # position in the input, for ordering
+    id: str
+    messages: tuple[Mapping[str, str], ...]  # the chat sent to the model
+    text: str  # the last user turn, as the output's `prompt`
+    source: str
+    record: str  # the input row's other fields as JSON (curate's own `record` passed through)
+    where: str  # file:line, for error messages
+    hash: str  # of `messages`
+    # A teacher response shipped with the record (backend=records): raw texts or chat messages.
+    shipped: tuple[Mapping[str, Any], ...] = field(default=(), compare=False)
+
+
+def canonical_hash(value: Any, length: int = 16) -> str:
+    """Hex digest of a JSON value with sorted keys: equal values, equal hashes, across processes and runs."""
+    data = orjson.dumps(value, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS)
+    return hashlib.sha256(data).hexdigest()[:length]
+
+
+def unit_seed(base_seed: int, prompt_id: str, sample: int) -> int:
+    """The seed of one unit: independent of n, of the order of work and of what else is pending, so a unit
+    sampled after a restart is the one the first run would have sampled. Below 2**31 for every server."""
+    digest = hashlib.sha256(f"{base_seed}\x00{prompt_id}\x00{sample}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") % (2**31 - 1)
+
+
+def _assistant_turn(messages: list[Any]) -> int | None:
+    for i, message in enumerate(messages):
+        if isinstance(message, dict) and message.get("role") == "assistant":
+            return i
+    return None
+
+
+def _chat_prefix(messages: Any, where: str) -> list[dict[str, str]]:
+    """The turns before the first assistant turn of a `messages` field, checked."""
+    if not isinstance(messages, list) or not messages:
+        raise RecordError(f"{where}: field 'messages' is not a non-empty list of chat turns")
+    end = _assistant_turn(messages)
+    chat = []
+    for turn in messages[: len(messages) if end is None else end]:
+        if not isinstance(turn, dict) or not isinstance(turn.get("content"), str) or "role" not in turn:
+            raise RecordError(f"{where}: a turn of 'messages' lacks a role or a text content: {str(turn)[:120]}")
+        chat.append({"role": str(turn["role"]), "content": turn["content"]})
+    if not chat or chat[-1]["role"] != "user":
+        raise RecordError(f"{where}: 'messages' has no user turn before the assistant's")
+    return chat
+
+
+def shipped_responses(record: Mapping[str, Any], response_field: str = "response") -> list[dict[str, Any]]:
+    """Teacher responses a record already holds: `response` (text), `responses`/`generations` (texts), or the
+    assistant turn of `messages` (with its `reasoning_content`, if any)."""
+    found: list[dict[str, Any]] = []
+    value = record.get(response_field)
+    if isinstance(value, str):
+        found.append({"content": value})
+    for key in ("responses", "generations"):
+        values = record.get(key)
+        if isinstance(values, list):
+            found.extend({"content": v} for v in values if isinstance(v, str))
+    messages = record.get("messages")
+    if not found and isinstance(messages, list):
+        turn = _assistant_turn(messages)
+        if turn is not None and isinstance(messages[turn].get("content"), str):
+            found.append({k: v for k, v in messages[turn].items() if k in ("content", "reasoning_content", "reasoning")})
+    return found
+
+
+def prompt_from_row(located: Located, source: Source, index: int, prompt_field: str, id_field: str,
+                    system_prompt: str) -> Prompt:
+    """One input row as a Prompt; a missing id or prompt is an error naming the row and the fields present."""
+    record, where = located.record, located.where
+    id_name, prompt_name = source.field("id", id_field), source.field("prompt", prompt_field)
+    raw_id = record.get(id_name)
+    if raw_id is None or raw_id == "" or isinstance(raw_id, (dict, list)):
+        raise RecordError(
+            f"{where}: no prompt id in field {id_name!r} (fields present: {sorted(record)}); sampling keys its "
+            f"work by id, so every prompt needs one: map it with {source.uri}#id=FIELD or --set id_field=FIELD")
+    prompt = record.get(prompt_name)
+    if isinstance(prompt, str):
+        if not prompt.strip():
+            raise RecordError(f"{where}: prompt field {prompt_name!r} is empty")
+        chat = [{"role": "user", "content": prompt}]
+    elif prompt_name not in record and "messages" in record:
+        chat = _chat_prefix(record["messages"], where)
+    else:
+        got = "missing" if prompt_name not in record else f"a {type(prompt).__name__}"
+        raise RecordError(
+            f"{where}: prompt field {prompt_name!r} is {got} (fields present: {sorted(record)}); map it with "
+            f"{source.uri}#prompt=FIELD or --set prompt_field=FIELD")
+    if system_prompt and chat[0]["role"] != "system":
+        chat.insert(0, {"role": "system", "content": system_prompt})
+    passed = record.get("record")
+    # Curate's rows carry the source row as JSON already: pass it through rather than nest it.
+    others = passed if isinstance(passed, str) and set(record) <= {"id", "source", "prompt", "record"} else \
+        orjson.dumps({k: v for k, v in record.items() if k != prompt_name}, default=str).decode()
+    return Prompt(
+        index=index, id=str(raw_id), messages=tuple(chat), text=chat[-1]["content"],
+        source=str(record.get("source") or source.name), record=others, where=where, hash=canonical_hash(chat),
+    )
+
+
+def check_unique(prompts: Sequence[Prompt]) -> None:
+    first: dict[str, Prompt] = {}
+    for prompt in prompts:
+        earlier = first.setdefault(prompt.id, prompt)
+        if earlier is not prompt:
+            raise DuplicatePromptError(
+                f"prompt id {prompt.id!r} appears twice: {earlier.where} and {prompt.where}; ids key the samples, "
+                "so deduplicate the input (e.g. with klear curate) or map a unique id field")
+
+
+@dataclass(frozen=True, slots=True)
+class Unit:
+    prompt: int  # index into the prompt list
+    sample: int
+
+
+def pending_units(prompts: Sequence[Prompt], counts: Sequence[int], done: Mapping[tuple[str, int], str]) -> list[Unit]:
+    """Units not yet done, in prompt order (`counts[i]` samples of prompt i): done means present with the
+    prompt's current hash, so a prompt whose text changed under the same id is sampled anew."""
+    missing = []
+    for i, (prompt, count) in enumerate(zip(prompts, counts, strict=True)):
+        for j in range(count):
+            if done.get((prompt.id, j)) != prompt.hash:
+                missing.append(Unit(i, j))
+    return missing
+
+
+def wanted_keys(prompts: Iterable[Prompt], counts: Iterable[int]) -> dict[tuple[str, int], str]:
+    """Every unit of this run -> the prompt hash it must carry: what the published output may hold."""
+    return {(p.id, j): p.hash for p, count in zip(prompts, counts, strict=True) for j in range(count)}
