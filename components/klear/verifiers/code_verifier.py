@@ -14,7 +14,7 @@ import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from decimal import Decimal, InvalidOperation
-from typing import Literal
+from typing import Any, Literal
 
 from klear.verifiers.config import VerifierConfig
 from klear.verifiers.sandbox import RunResult, SandboxPool
@@ -166,7 +166,7 @@ class CodeVerifier:
         else:
             run = self.pool.run(program, test.input, timeout_s=timeout_s)
         verdict = verdict_of(run, test)
-        entry = {"verdict": verdict, "time_s": round(run.wall_s, 4)}
+        entry: dict[str, Any] = {"verdict": verdict, "time_s": round(run.wall_s, 4)}
         if verdict in ("runtime_error", "sandbox_error"):
             entry["stderr"] = (run.stderr[-500:].decode("utf-8", "replace") or run.detail)[-500:]
         return entry
@@ -177,10 +177,10 @@ class CodeVerifier:
         """All tests (per-test verdicts, pass fraction) or stop at the first failure (LiveCodeBench)."""
         mode = mode or self.config.code_mode
         chosen = select_tests(len(tests), self.config.max_tests, problem_id)
+        entries: list[dict] = []
         if program is None:
             entries = [{"index": i, "verdict": "not_run", "time_s": 0.0} for i in chosen]
             return CodeResult(0, len(chosen), 0.0, False, False, entries)
-        entries: list[dict] = []
         if mode == "first-failure":
             for n, i in enumerate(chosen):
                 entries.append({"index": i, **self._run_one(program, tests[i], fn_name, timeout_s)})
