@@ -79,6 +79,9 @@ def test_prepare_decides_what_needs_no_verifier() -> None:
     assert prepare(response("r", "no box here: 4"), "stop", _math(), v).verdict == "no_box"  # type: ignore[union-attr]
     # Several boxes: the last one is the answer (VerifierConfig.reject_conflicting_boxes is off by default).
     assert prepare(response("r", "\\boxed{3} or \\boxed{4}"), "stop", _math(), v)[1] == "4"  # type: ignore[index]
+    strict = v.model_copy(update={"reject_conflicting_boxes": True})  # the switch reaches the judge too
+    hedge = prepare(response("r", "\\boxed{3} or \\boxed{4}"), "stop", _math(), strict)
+    assert isinstance(hedge, Judgement) and hedge.verdict == "conflicting_boxes" and not hedge.correct
     assert prepare("\\boxed{4} without think end", "stop", _math(), v).verdict == "no_think_end"  # type: ignore[union-attr]
     # The last box after </think> is what goes to math-verify; boxes in the reasoning are drafts.
     task, extracted = prepare(response("maybe \\boxed{5}", "so \\boxed{4}"), "stop", _math(), v)  # type: ignore[misc]

@@ -12,7 +12,7 @@ import pytest
 
 from klear.testsets import all_paths
 from klear.verifiers import MathVerifier, VerifierConfig, extract_answer, format_ok
-from klear.verifiers.math_verifier import find_boxes
+from klear.verifiers.math_verifier import Extraction, find_boxes
 
 REASONING = "<think>\n" + "Let me work through the problem carefully step by step. " * 40 + "\n</think>\n\n"
 
@@ -43,7 +43,11 @@ def test_only_after_last_think_end() -> None:
 
 
 def test_several_boxes_and_empty_box() -> None:
-    assert extract_answer(r"</think> \boxed{1} or \boxed{2}").reason == "conflicting_boxes"
+    # Default (paper, official code): the last box is the answer, whatever came before it.
+    assert extract_answer(r"</think> \boxed{1} or \boxed{2}") == Extraction("2", "ok")
+    # The switch: different boxes are a hedge; the same box twice is not.
+    assert extract_answer(r"</think> \boxed{1} or \boxed{2}", reject_conflicting=True).reason == "conflicting_boxes"
+    assert extract_answer(r"</think> \boxed{2} so again \boxed{ 2 }", reject_conflicting=True).reason == "ok"
     assert extract_answer(r"</think> \boxed{2} so again \boxed{ 2 }").reason == "ok"
     assert extract_answer(r"</think> \boxed{}").reason == "empty_box"
 
@@ -110,12 +114,18 @@ def test_hand_written_cases(verifier: MathVerifier) -> None:
 
 def test_several_boxes_missing_box_and_truncation(verifier: MathVerifier) -> None:
     cases = [
-        (REASONING + r"It is \boxed{72} or maybe \boxed{73}.", "73"),  # a hedge is wrong
+        (REASONING + r"It is \boxed{72} or maybe \boxed{73}.", "73"),  # the last box decides (default)
+        (REASONING + r"First I thought \boxed{205}, but finally \boxed{204}.", "204"),
+        (REASONING + r"First I thought \boxed{204}, but finally \boxed{205}.", "204"),
         (REASONING + r"It is \boxed{73}, i.e. \boxed{73}.", "73"),  # the same answer twice is fine
         (REASONING + "The answer is 73.", "73"),  # no box: wrong by default
         ("<think>I think it is \\boxed{73} but let me check " + "x " * 100, "73"),  # cut off mid-thought
     ]
-    assert [r.correct for r in verifier.verify_batch(cases)] == [False, True, False, False]
+    assert [r.correct for r in verifier.verify_batch(cases)] == [True, True, False, True, False, False]
+    with MathVerifier(VerifierConfig(math_workers=1, reject_conflicting_boxes=True)) as strict:
+        results = strict.verify_batch(cases[:4])
+    assert [r.correct for r in results] == [False, False, False, True]  # a hedge is wrong under the switch
+    assert [r.reason for r in results][:3] == ["conflicting_boxes"] * 3
     with MathVerifier(VerifierConfig(math_workers=1, require_box=False)) as lenient:
         assert lenient.verify(REASONING + "The answer is 73.", "73").correct
 

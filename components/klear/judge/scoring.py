@@ -65,7 +65,8 @@ def prepare(response: str, finish_reason: str | None, problem: Problem | None,
         return Judgement(kind, False, 0.0, "truncated", 0, total)
     if kind == "math":
         assert problem.answer is not None
-        ext = extract_answer(response, verifier.think_end, verifier.require_think_end, verifier.require_box)
+        ext = extract_answer(response, verifier.think_end, verifier.require_think_end, verifier.require_box,
+                             verifier.reject_conflicting_boxes)
         if ext.answer is None or ext.reason == "conflicting_boxes":
             return Judgement(kind, False, 0.0, ext.reason, extracted=ext.answer)
         return {"kind": "math", "gold": problem.answer, "answer": ext.answer, "boxed": ext.reason == "ok"}, ext.answer

@@ -18,6 +18,9 @@ class VerifierConfig(StageConfig):
     think_end: str = "</think>"  # judge only what follows the last one; "" judges the whole response
     require_think_end: bool = True  # without it (cut at max tokens) the response is wrong
     require_box: bool = True  # no \boxed{} -> wrong (else fall back to math-verify's last number)
+    # Off (paper, official code): the last box is the answer, whatever boxes came before it ("first \boxed{205},
+    # finally \boxed{204}" is judged on 204). On: boxes with different contents are a hedge, judged wrong.
+    reject_conflicting_boxes: bool = False
     math_workers: int = pydantic.Field(0, ge=0)  # 0 = one per core of the container's CPU limit
     math_timeout_s: int = pydantic.Field(3, ge=1)  # math-verify's own SIGALRM timeouts, whole seconds
     math_item_timeout_s: float = pydantic.Field(10.0, gt=0)  # outer wall-clock kill of a worker

@@ -77,10 +77,11 @@ def _norm(s: str) -> str:
 
 
 def extract_answer(response: str, think_end: str = "</think>", require_think_end: bool = True,
-                   require_box: bool = True) -> Extraction:
+                   require_box: bool = True, reject_conflicting: bool = False) -> Extraction:
     """The final answer to judge: the last box after `think_end`.
 
-    Several boxes with different contents are a hedge (one of them may be right), so they are wrong.
+    With `reject_conflicting`, several boxes with different contents are a hedge (one of them may be right):
+    reason "conflicting_boxes", judged wrong. Without it (the default) the last box is the answer.
     """
     section = answer_section(response, think_end, require_think_end)
     if section is None:
@@ -93,7 +94,7 @@ def extract_answer(response: str, think_end: str = "</think>", require_think_end
     last = boxes[-1].strip()
     if not last:
         return Extraction(None, "empty_box")
-    if len({_norm(b) for b in boxes}) > 1:
+    if reject_conflicting and len({_norm(b) for b in boxes}) > 1:
         return Extraction(last, "conflicting_boxes")
     return Extraction(last, "ok")
 
@@ -180,7 +181,7 @@ class MathVerifier:
         todo: list[tuple[str, str, bool]] = []  # (gold, answer, boxed) for the workers to judge
         judged: list[MathResult] = []
         for response, gold in items:
-            ext = extract_answer(response, c.think_end, c.require_think_end, c.require_box)
+            ext = extract_answer(response, c.think_end, c.require_think_end, c.require_box, c.reject_conflicting_boxes)
             result = MathResult(False, ext.answer, ext.reason, format_ok(response))
             results.append(result)
             if ext.answer is not None and ext.reason != "conflicting_boxes":

@@ -1,0 +1,145 @@
+"""Saved generations: which model (label) each source belongs to, what settings made them, which rows are scored.
+
+A source is a published `klear sample` (or `klear judge`) output, or a Parquet/JSONL file of sample rows (`id`,
+`sample`, `response`, `finish_reason`, optionally `completion_tokens`). Several sources may share a label (a
+model's math samples and its code samples). Rows are read twice from one local copy: first only their keys,
+to choose the first k samples of each problem by sample index (and fail before any judging if a problem has
+fewer), then the chosen rows, a batch at a time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from klear.common import storage
+from klear.common.records import RecordError
+
+__all__ = ["SampleError", "SampleSource", "LocalSource", "open_source", "parse_sample_specs", "read_keys",
+           "read_rows"]
+
+LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+DEFAULT_LABEL = "model"
+REQUIRED = ("id", "sample", "response")
+READ_COLUMNS = ("id", "sample", "response", "finish_reason", "completion_tokens")
+_FOLDERS = ("samples", "judged")  # a sample output's rows, else a judge output's (which keep the responses)
+_SUFFIXES = (".parquet", ".jsonl", ".ndjson")
+
+
+class SampleError(RecordError):
+    """Sample rows that cannot be scored: missing columns, duplicates, too few samples; names what is wrong."""
+
+
+@dataclass(frozen=True)
+class SampleSource:
+    label: str
+    uri: str
+
+
+def parse_sample_specs(specs: Sequence[str], default_label: str = DEFAULT_LABEL) -> list[SampleSource]:
+    """`LABEL=URI` or `URI` (label `default_label`). A `=` counts as a label only when what precedes it is a
+    plain name, so `s3://b/x.jsonl#id=qid` stays a URI."""
+    out = []
+    for spec in specs:
+        head, sep, rest = spec.partition("=")
+        if sep and LABEL.match(head) and rest:
+            out.append(SampleSource(head, rest))
+        elif sep and ("/" not in head and ":" not in head) and not rest:
+            raise ValueError(f"--samples {spec!r}: no URI after the label")
+        else:
+            out.append(SampleSource(default_label, spec))
+    return out
+
+
+@dataclass
+class LocalSource:
+    """A source's data files on local disk, and what its manifest says about how they were made."""
+
+    source: SampleSource
+    files: list[tuple[str, Path]]  # (origin for messages, local path)
+    stage: str | None = None  # the publishing stage (sample, judge), None for a plain file
+    settings: dict[str, Any] | None = None  # the sample stage's recorded settings (identity, sampling)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+@contextlib.contextmanager
+def open_source(source: SampleSource) -> Iterator[LocalSource]:
+    """The source's data files, downloaded once (a published output: only the files its manifest lists)."""
+    loc = storage.Uri.parse(source.uri)
+    if storage.is_dir(loc):
+        with storage.fetch_published(loc) as (local, manifest):
+            data = sorted(f for f in manifest.files if f.endswith(_SUFFIXES))
+            chosen = next(([f for f in data if f.startswith(folder + "/")] for folder in _FOLDERS
+                           if any(f.startswith(folder + "/") for f in data)), [f for f in data if "/" not in f])
+            if not chosen:
+                raise SampleError(f"{loc}: a published output without sample rows (no samples/ or judged/ files)")
+            meta = dict(manifest.meta)
+            settings = meta.get("settings") if isinstance(meta.get("settings"), dict) else None
+            yield LocalSource(source, [(str(loc.join(f)), local / f) for f in chosen], meta.get("stage"), settings, meta)
+        return
+    if not storage.exists(loc):
+        raise FileNotFoundError(f"samples not found: {loc}")
+    if not str(loc).endswith(_SUFFIXES):
+        raise SampleError(f"{loc}: unknown file type; expected a published output, .parquet or .jsonl")
+    with storage.localize(loc) as path:
+        yield LocalSource(source, [(str(loc), path)])
+
+
+def _tables(origin: str, path: Path, columns: Sequence[str], batch_rows: int) -> Iterator[pa.Table]:
+    if origin.endswith(".parquet"):
+        try:
+            parquet = pq.ParquetFile(path)
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise SampleError(f"{origin}: not a readable Parquet file ({exc})") from None
+        names = parquet.schema_arrow.names
+        missing = [c for c in REQUIRED if c not in names]
+        if missing:
+            raise SampleError(f"{origin}: sample rows lack {missing} (columns present: {names})")
+        for batch in parquet.iter_batches(batch_size=batch_rows, columns=[c for c in columns if c in names]):
+            yield pa.Table.from_batches([batch])
+        return
+    rows: list[dict[str, Any]] = []
+    with open(path, "rb") as fh:
+        for number, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                row = orjson.loads(line)
+            except orjson.JSONDecodeError as exc:
+                raise SampleError(f"{origin}:{number}: malformed JSON ({exc})") from None
+            missing = [c for c in REQUIRED if c not in row]
+            if missing:
+                raise SampleError(f"{origin}:{number}: sample row lacks {missing} (fields: {sorted(row)[:12]})")
+            rows.append({c: row.get(c) for c in columns})
+            if len(rows) >= batch_rows:
+                yield pa.Table.from_pylist(rows)
+                rows = []
+    if rows:
+        yield pa.Table.from_pylist(rows)
+
+
+def read_keys(local: LocalSource, batch_rows: int = 65536) -> Iterator[tuple[str, int, str]]:
+    """(id, sample index, origin) of every row, reading only those two columns of Parquet files."""
+    for origin, path in local.files:
+        for table in _tables(origin, path, ("id", "sample"), batch_rows):
+            for pid, index in zip(table.column("id").to_pylist(), table.column("sample").to_pylist()):
+                if pid is None or index is None:
+                    raise SampleError(f"{origin}: a row with an empty id or sample index")
+                yield str(pid), int(index), origin
+
+
+def read_rows(local: LocalSource, wanted: Mapping[tuple[str, int], Any], batch_rows: int) -> Iterator[list[dict[str, Any]]]:
+    """Batches of the rows whose (id, sample) is in `wanted`, with the columns scoring needs."""
+    for origin, path in local.files:
+        for table in _tables(origin, path, READ_COLUMNS, batch_rows):
+            rows = [row for row in table.to_pylist() if (str(row["id"]), int(row["sample"])) in wanted]
+            if rows:
+                yield rows

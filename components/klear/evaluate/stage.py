@@ -1,0 +1,520 @@
+"""Entry point of the evaluate stage: scores of saved generations on AIME, HMMT and LiveCodeBench, with a report.
+
+    klear evaluate --samples [LABEL=]URI [...] --output URI [--benchmark URI ...] [--config paper|paper-64k|tiny|FILE]
+    klear evaluate --model [LABEL=]URI --output URI [--sample-output URI] [--benchmark URI ...] [--config ...]
+    klear evaluate-prompts --output URI [--benchmark URI ...] [--config ...]
+
+Samples are rows of `klear sample` (published outputs or Parquet/JSONL files); `--samples sft=URI rl=URI` puts
+models side by side (unlabeled: "model"; one label may have several sources, e.g. its math and its code samples).
+Problems, gold answers and tests come from the `--benchmark` files, joined on `id`, never from the sample rows:
+math sets (`id`, `benchmark`, `problem`, `answer`; the shipped AIME24/AIME25/HMMT25 when no math set is given)
+and LiveCodeBench `code_generation_lite` JSONL (`question_id` is the id), which fall into the code benchmarks by
+`contest_date` (day level, both ends included; problems outside every window are not scored).
+
+Each problem counts its first k samples by sample index (k of its benchmark: 64 for AIME/HMMT, 8 for
+LiveCodeBench in the paper preset); fewer is an error naming the problems. Judging is klear.judge's: math on the
+last \\boxed{} after </think>, code as LiveCodeBench does (public + private tests, stop at the first failure,
+6 s per test, correct only if all pass); truncated responses are wrong. Samples whose recorded sampling settings
+differ from the protocol are refused (settings_check=warn reports them instead). `--model` (or `--endpoint`)
+samples first through klear.sample (one output per (kind, k) group under --sample-output, default
+<output>.samples), then scores; scoring never samples. Publishes, manifest last:
+
+    report.json         {"benchmarks": {name: {k, problems, pass@1, stderr, pass@k, truncated, ...}}, "models": {label:
+                        ...}, "settings": {...every setting...}, "notes": [...]}
+    report.md, report.html (self-contained), scores.png, pass_counts.png, lengths-<label>.png
+    problems.parquet    per label, benchmark and problem: correct of k, truncated, tokens, verdicts
+    judged.parquet      per judged sample: label, id, sample, correct, verdict, passed, total, finish_reason, tokens
+
+`evaluate-prompts` publishes the prompts the protocol samples (`<kind>-k<k>.jsonl`, with a sample-stage config
+`sampling-<kind>-k<k>.yaml` each), for pipelines that run the sample stage as its own step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from klear.common import storage
+from klear.common.config import ConfigError, load_config
+from klear.evaluate import plots
+from klear.evaluate.benchmarks import BenchmarkSet, load_benchmarks
+from klear.evaluate.config import EvaluateConfig
+from klear.evaluate.paper import TABLE1
+from klear.evaluate.report import render_html, render_markdown
+from klear.evaluate.samples import (LocalSource, SampleError, SampleSource, open_source, parse_sample_specs, read_keys,
+                                    read_rows)
+from klear.evaluate.scoring import ProblemScore, SampleScore, Selection, score_benchmarks, select_samples
+from klear.judge import Judge, Judgement, Problem
+from klear.judge.io import ScoreStore, fingerprint, settings_key
+from klear.sample.config import SampleConfig
+
+__all__ = ["check_sampling", "prompt_groups", "run", "sample_overrides", "sample_then_run", "write_prompts"]
+
+log = logging.getLogger("klear.evaluate")
+
+SELECTION_RULE = ("Each problem counts its first k samples by sample index; more are ignored (counted in the notes), "
+                  "fewer is an error.")
+SCORING = {
+    "selection": SELECTION_RULE,
+    "pass@1": "percent: mean over problems of (correct of the first k) / k (avg@k)",
+    "stderr": "percent: sample standard deviation (n-1) of the per-problem fractions / sqrt(problems)",
+    "pass@k": "percent: mean over problems of 1 - C(k-c, j)/C(k, j), unbiased estimator, j = powers of two <= k",
+    "truncated": "fraction of the scored samples with finish_reason length (scored wrong)",
+}
+CODE_PROMPT = "LiveCodeBench's generic chat prompt: ### Question / ### Format (starter code, or stdin) / ### Answer"
+JUDGED_SCHEMA = pa.schema([
+    ("label", pa.string()), ("id", pa.string()), ("sample", pa.int64()), ("correct", pa.bool_()),
+    ("verdict", pa.string()), ("passed", pa.int32()), ("total", pa.int32()), ("extracted", pa.string()),
+    ("finish_reason", pa.string()), ("completion_tokens", pa.int64()),
+])
+PROBLEMS_SCHEMA = pa.schema([
+    ("label", pa.string()), ("benchmark", pa.string()), ("id", pa.string()), ("k", pa.int32()),
+    ("correct", pa.int32()), ("pass_rate", pa.float64()), ("truncated", pa.int32()),
+    ("mean_completion_tokens", pa.float64()), ("verdicts", pa.string()), ("difficulty", pa.string()),
+    ("platform", pa.string()), ("contest_date", pa.string()),
+])
+
+
+class SettingsMismatchError(ValueError):
+    """Saved samples taken under other sampling settings than the protocol's."""
+
+
+# --------------------------------------------------------------------------- settings
+
+
+def check_sampling(recorded: Mapping[str, Any] | None, protocol: Mapping[str, Any]) -> tuple[str, list[str]]:
+    """("matches", []), ("differs", [what differs]) or ("unknown", [why]) for a source's recorded sampling."""
+    if recorded is None:
+        return "unknown", ["no recorded sampling settings (not a klear sample output)"]
+    if not recorded:
+        return "unknown", ["imported responses (backend records): no sampling settings"]
+    differ = [f"{key}={recorded[key]!r} (protocol {want!r})" for key, want in protocol.items()
+              if key in recorded and recorded[key] != want]
+    if differ:
+        return "differs", differ
+    missing = [key for key in protocol if key not in recorded]
+    return ("unknown", [f"not recorded: {', '.join(missing)}"]) if missing else ("matches", [])
+
+
+def _source_settings(local: LocalSource, protocol: Mapping[str, Any]) -> dict[str, Any]:
+    settings = local.settings or {}
+    recorded = settings.get("sampling") if local.stage == "sample" else None
+    if not isinstance(recorded, dict):
+        recorded = None
+    state, details = check_sampling(recorded, protocol)
+    check = {"matches": "matches the protocol", "differs": "DIFFERS: " + "; ".join(details),
+             "unknown": "unknown: " + "; ".join(details)}[state]
+    return {"uri": local.source.uri, "stage": local.stage, "state": state, "check": check,
+            "sampling": recorded or None, "identity": settings.get("identity")}
+
+
+# --------------------------------------------------------------------------- judging
+
+
+class _Judging:
+    """Judges the chosen rows of each label, reusing scores a crashed run saved under the output."""
+
+    def __init__(self, judge: Judge, config: EvaluateConfig, output: str, lease: storage.OutputLease):
+        self.judge, self.config, self.output, self.lease = judge, config, output, lease
+        self.judged = self.reused = 0
+        self.started = self.last_log = time.monotonic()
+
+    def label(self, label: str, locals_: Sequence[LocalSource], selection: Selection, bench: BenchmarkSet,
+              total: int) -> dict[tuple[str, int], SampleScore]:
+        cfg = self.config.judge
+        store = ScoreStore(self.output, f"{settings_key(cfg)}-{label}") if cfg.resume else None
+        saved = store.load() if store is not None else {}
+        scores: dict[tuple[str, int], SampleScore] = {}
+        for local in locals_:
+            for rows in read_rows(local, selection.keys, cfg.chunk_size):
+                rows = [r for r in rows if selection.keys.get((str(r["id"]), int(r["sample"]))) is not None]
+                problems = [bench.problems[str(r["id"])].problem for r in rows]
+                prints = [fingerprint(str(r.get("response") or ""), r.get("finish_reason"), p)
+                          for r, p in zip(rows, problems)]
+                results: list[Judgement | None] = [None] * len(rows)
+                todo = []
+                for i, (row, fp) in enumerate(zip(rows, prints)):
+                    hit = saved.get((str(row["id"]), int(row["sample"])))
+                    if hit is not None and hit[0] == fp:
+                        results[i] = Judgement(**hit[1])
+                    else:
+                        todo.append(i)
+                fresh = self.judge.judge([rows[i] for i in todo], [problems[i] for i in todo])
+                for i, j in zip(todo, fresh):
+                    results[i] = j
+                if store is not None and fresh:
+                    self.lease.dirty = True  # files no manifest lists: a crash leaves a marker that they are ours
+                    store.save([{"id": str(rows[i]["id"]), "sample": int(rows[i]["sample"]), "fingerprint": prints[i],
+                                 **j.to_dict()} for i, j in zip(todo, fresh)])
+                self.reused += len(rows) - len(todo)
+                for row, result in zip(rows, results):
+                    assert result is not None
+                    tokens = row.get("completion_tokens")
+                    scores[(str(row["id"]), int(row["sample"]))] = SampleScore(
+                        str(row["id"]), int(row["sample"]), bool(result.correct), result.verdict,
+                        row.get("finish_reason"), int(tokens) if tokens is not None else None, result.passed,
+                        result.total, result.extracted)
+                self.judged += len(rows)
+                self._progress(label, len(scores), total)
+        missing = set(selection.keys) - set(scores)
+        if missing:  # read_keys saw them, read_rows did not: the source changed under us
+            raise SampleError(f"label {label!r}: {len(missing)} chosen samples vanished between reads, e.g. "
+                              f"{sorted(missing)[:3]}")
+        return scores
+
+    def _progress(self, label: str, done: int, total: int) -> None:
+        now = time.monotonic()
+        if now - self.last_log >= self.config.judge.progress_seconds:
+            self.last_log = now
+            log.info("%s: %d of %d samples judged (%d reused), %.1f samples/s", label, done, total, self.reused,
+                     self.judged / (now - self.started))
+
+
+# --------------------------------------------------------------------------- the stage
+
+
+def _sources(samples: Iterable[SampleSource | str]) -> list[SampleSource]:
+    out: list[SampleSource] = []
+    for item in samples:
+        out += [item] if isinstance(item, SampleSource) else parse_sample_specs([item])
+    if not out:
+        raise ValueError("no samples to score: give --samples [LABEL=]URI (or --model to sample first)")
+    return out
+
+
+def run(samples: Iterable[SampleSource | str], output: str, config: EvaluateConfig, benchmarks: Sequence[str] = (),
+        loaded: BenchmarkSet | None = None) -> dict[str, Any]:
+    """Score saved generations and publish the report to `output`; returns report.json's content."""
+    started = time.monotonic()
+    sources = _sources(samples)
+    storage.check_output(output, [s.uri for s in sources] + list(benchmarks))
+    bench = loaded or load_benchmarks(benchmarks, config)
+    labels = list(dict.fromkeys(s.label for s in sources))
+    protocol_sampling = config.protocol_sampling()
+    with storage.claim_output(output) as lease, contextlib.ExitStack() as stack:
+        opened: dict[str, list[LocalSource]] = defaultdict(list)
+        for source in sources:
+            opened[source.label].append(stack.enter_context(open_source(source)))
+        source_info = {label: [_source_settings(local, protocol_sampling) for local in opened[label]] for label in labels}
+        differing = [f"{label}: {s['uri']}: {s['check']}" for label in labels for s in source_info[label]
+                     if s["state"] == "differs"]
+        if differing and config.settings_check == "error":
+            raise SettingsMismatchError("samples taken under other sampling settings than the protocol's (set "
+                                        "settings_check=warn to score them anyway, reported):\n" + "\n".join(differing))
+        selections = {label: select_samples(label, (key for local in opened[label] for key in read_keys(local)),
+                                            bench, config) for label in labels}
+        shortfalls = [line for label in labels for line in selections[label].shortfalls]
+        if shortfalls:
+            raise SampleError("too few samples for the protocol (no silent smaller k):\n" + "\n".join(shortfalls))
+        if not any(sel.sampled for sel in selections.values()):
+            raise SampleError(f"none of the samples belong to a selected benchmark's problems "
+                              f"({', '.join(config.selected())}): nothing to score")
+        per_label: dict[str, dict[tuple[str, int], SampleScore]] = {}
+        judge_started = time.monotonic()
+        with Judge(config.judge) as judge:
+            judging = _Judging(judge, config, output, lease)
+            for label in labels:
+                per_label[label] = judging.label(label, opened[label], selections[label], bench,
+                                                 len(selections[label].keys))
+            judge_counts = {"workers": judge.workers, "budget_timeouts": judge.timeouts, "scorer_errors": judge.errors,
+                            "judged": judging.judged, "reused": judging.reused,
+                            "judge_s": round(time.monotonic() - judge_started, 3)}
+        with tempfile.TemporaryDirectory(prefix="klear-evaluate-") as tmp:
+            staging = Path(tmp)
+            report = _publishable(staging, config, bench, labels, selections, per_label, source_info, judge_counts,
+                                  benchmarks, started)
+            storage.publish_dir(staging, output, meta={"stage": "evaluate", "labels": labels,
+                                                       "scores": _headline(report)})
+    log.info("published %s: %s", output, json.dumps(_headline(report)))
+    return report
+
+
+def _headline(report: Mapping[str, Any]) -> dict[str, dict[str, float]]:
+    return {label: {name: round(b["pass@1"], 2) for name, b in model["benchmarks"].items()}
+            for label, model in report["models"].items()}
+
+
+def _publishable(staging: Path, config: EvaluateConfig, bench: BenchmarkSet, labels: list[str],
+                 selections: Mapping[str, Selection], per_label: Mapping[str, Mapping[tuple[str, int], SampleScore]],
+                 source_info: Mapping[str, list[dict[str, Any]]], judge_counts: dict[str, Any],
+                 benchmark_uris: Sequence[str], started: float) -> dict[str, Any]:
+    """Write every file of the output to `staging`; returns the report."""
+    selected = config.selected()
+    models: dict[str, Any] = {}
+    problem_rows: list[ProblemScore] = []
+    lengths: dict[str, dict[str, dict[str, list[int]]]] = {}
+    for label in labels:
+        blocks, rows, label_lengths = score_benchmarks(label, selections[label], per_label[label], bench, config)
+        sel = selections[label]
+        models[label] = {"benchmarks": blocks, "not_sampled": sel.not_sampled, "sources": source_info[label],
+                         "beyond_k": sel.beyond_k, "unknown_rows": sel.unknown_rows, "unknown_ids": sel.unknown_ids}
+        problem_rows += rows
+        lengths[label] = label_lengths
+    report: dict[str, Any] = {
+        "stage": "evaluate",
+        "primary": labels[0],
+        "labels": labels,
+        "benchmarks": models[labels[0]]["benchmarks"],
+        "models": models,
+        "paper": {row: {n: v for n, v in values.items() if n in selected} for row, values in TABLE1.items()
+                  if any(n in selected for n in values)},
+        "settings": _settings(config, bench, source_info, benchmark_uris),
+        "notes": _notes(config, bench, labels, selections, source_info, judge_counts),
+        "judge": judge_counts,
+        "figures": {"scores": "scores.png", "pass_counts": "pass_counts.png",
+                    "lengths": {label: f"lengths-{label}.png" for label in labels}},
+        "versions": {p: metadata.version(p) for p in ("klear-pipeline", "math-verify", "matplotlib")
+                     if _has_distribution(p)},
+        "elapsed_s": round(time.monotonic() - started, 3),
+    }
+    titles = {name: b.title or name for name, b in selected.items()}
+    plots.score_chart(staging / "scores.png", titles,
+                      {label: {n: (b["pass@1"], b["stderr"]) for n, b in models[label]["benchmarks"].items()}
+                       for label in labels}, report["paper"], config.plot_dpi)
+    for label in labels:
+        plots.length_histograms(staging / f"lengths-{label}.png", label,
+                                titles, lengths[label], config.plot_dpi)
+    counts: dict[str, dict[str, dict[str, int]]] = {label: defaultdict(dict) for label in labels}
+    for row in problem_rows:
+        counts[row.label][row.benchmark][row.id] = row.correct
+    sampled_titles = {n: t for n, t in titles.items() if any(n in models[label]["benchmarks"] for label in labels)}
+    plots.pass_count_chart(staging / "pass_counts.png", sampled_titles, {n: selected[n].k for n in selected}, counts,
+                           config.plot_dpi)
+    problems_table = [_problem_dict(r) for r in problem_rows]
+    pq.write_table(pa.Table.from_pylist(problems_table, schema=PROBLEMS_SCHEMA), staging / "problems.parquet")
+    judged = [{"label": label, "id": s.id, "sample": s.sample, "correct": s.correct, "verdict": s.verdict,
+               "passed": s.passed, "total": s.total, "extracted": s.extracted, "finish_reason": s.finish_reason,
+               "completion_tokens": s.completion_tokens}
+              for label in labels for s in sorted(per_label[label].values(), key=lambda s: (s.id, s.sample))]
+    pq.write_table(pa.Table.from_pylist(judged, schema=JUDGED_SCHEMA), staging / "judged.parquet")
+    (staging / "report.json").write_text(json.dumps(report, indent=2, default=str))
+    (staging / "report.md").write_text(render_markdown(report))
+    (staging / "report.html").write_text(render_html(report, staging, problems_table))
+    return report
+
+
+def _has_distribution(name: str) -> bool:
+    try:
+        metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+def _problem_dict(row: ProblemScore) -> dict[str, Any]:
+    return {"label": row.label, "benchmark": row.benchmark, "id": row.id, "k": row.k, "correct": row.correct,
+            "pass_rate": row.pass_rate, "truncated": row.truncated, "mean_completion_tokens": row.mean_completion_tokens,
+            "verdicts": json.dumps(row.verdicts, sort_keys=True), "difficulty": row.info.get("difficulty"),
+            "platform": row.info.get("platform"), "contest_date": row.info.get("contest_date")}
+
+
+def _settings(config: EvaluateConfig, bench: BenchmarkSet, source_info: Mapping[str, list[dict[str, Any]]],
+              benchmark_uris: Sequence[str]) -> dict[str, Any]:
+    verifier = config.judge.verifier
+    protocol = {}
+    for name, b in config.selected().items():
+        protocol[name] = {"title": b.title or name, "kind": b.kind, "k": b.k,
+                          "window": [str(b.start), str(b.end)] if b.kind == "code" else None,
+                          "problems": len(bench.members.get(name, []))}
+    sampling = config.sampling_for(1).model_dump(mode="json")
+    shown = ("temperature", "top_p", "top_k", "repetition_penalty", "max_tokens", "seed", "max_model_len",
+             "engine_kwargs", "system_prompt", "backend")
+    return {
+        "protocol": protocol,
+        "sampling": {"n": "k of each benchmark", **{key: sampling[key] for key in shown}},
+        "official_extras": config.official_extras.model_dump(mode="json"),
+        "settings_check": config.settings_check,
+        "math_template": config.math_template.format(problem="{problem}"),
+        "code_prompt": CODE_PROMPT,
+        "math_judging": (f"the last \\boxed{{}} after {verifier.think_end!r} (math-verify); required </think>: "
+                         f"{verifier.require_think_end}; required box: {verifier.require_box}; conflicting boxes "
+                         f"{'rejected' if verifier.reject_conflicting_boxes else 'allowed (the last one counts)'}; "
+                         "truncated responses wrong"),
+        "code_judging": (f"last ```python block after {verifier.think_end!r}; public + private tests; mode "
+                         f"{verifier.code_mode}; {verifier.timeout_s:g} s per test; {verifier.memory_mb} MB; correct "
+                         f"only if every test passes; tests per problem: "
+                         f"{'all' if verifier.max_tests is None else verifier.max_tests}; truncated responses wrong"),
+        "scoring": SCORING,
+        "judge": config.judge.model_dump(mode="json"),
+        "benchmark_files": bench.sources,
+        "benchmark_uris": list(benchmark_uris),
+        "samples": {label: list(info) for label, info in source_info.items()},
+    }
+
+
+def _notes(config: EvaluateConfig, bench: BenchmarkSet, labels: Sequence[str], selections: Mapping[str, Selection],
+           source_info: Mapping[str, list[dict[str, Any]]], judge_counts: Mapping[str, Any]) -> list[str]:
+    notes = []
+    if bench.shipped_math:
+        notes.append("No math set among the benchmark files: the shipped AIME24, AIME25 and HMMT Feb 2025 sets were "
+                     "used.")
+    empty = [name for name in config.selected() if not bench.members.get(name)]
+    if empty:
+        notes.append(f"No problems in the benchmark files for: {', '.join(empty)} (for code benchmarks: give "
+                     "LiveCodeBench code_generation_lite files with --benchmark).")
+    if bench.outside_windows:
+        notes.append(f"{len(bench.outside_windows)} LiveCodeBench problems dated outside every configured window "
+                     "were not scored.")
+    for label in labels:
+        sel = selections[label]
+        if sel.beyond_k:
+            notes.append(f"{label}: {sel.beyond_k} samples beyond their problem's first k (by sample index) were "
+                         "not scored.")
+        if sel.unknown_rows:
+            notes.append(f"{label}: {sel.unknown_rows} sample rows of problems in no selected benchmark were not "
+                         f"scored (e.g. {', '.join(sel.unknown_ids[:5])}).")
+        for info in source_info[label]:
+            if info["state"] != "matches":
+                notes.append(f"{label}: {info['uri']}: sampling settings {info['check']}.")
+    if config.official_extras.enabled:
+        notes.append("The released inference script's extras are on: top_k, repetition_penalty, seed and "
+                     "max_model_len as in settings.official_extras.")
+    if judge_counts["budget_timeouts"] or judge_counts["scorer_errors"]:
+        notes.append(f"{judge_counts['budget_timeouts']} judgements overran their budget and "
+                     f"{judge_counts['scorer_errors']} scorers failed: counted wrong.")
+    if judge_counts["reused"]:
+        notes.append(f"{judge_counts['reused']} judgements reused from an interrupted run (same response, reference "
+                     "and settings).")
+    return notes
+
+
+# --------------------------------------------------------------------------- sampling first
+
+
+def prompt_groups(bench: BenchmarkSet, config: EvaluateConfig) -> dict[tuple[str, int], list[dict[str, Any]]]:
+    """Prompt rows by (kind, samples per problem): what one sample-stage run takes. A problem in several
+    benchmarks is sampled once, as many times as the largest k among them."""
+    groups: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
+    for pid, item in bench.problems.items():
+        groups[(item.kind, bench.k_of(pid, config))].append(
+            {"id": pid, "prompt": item.prompt, "benchmark": ",".join(item.benchmarks)})
+    return dict(sorted(groups.items()))
+
+
+def _write_jsonl(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
+    with open(path, "wb") as fh:
+        for row in rows:
+            fh.write(orjson.dumps(row) + b"\n")
+    return path
+
+
+def sample_overrides(sampling: SampleConfig) -> list[str]:
+    """`key=value` overrides that give the sample stage's config the protocol's settings (n included), whatever its
+    preset: what a pipeline passes to the sample component next to the prompts."""
+    settings = {"n": sampling.n, **sampling.sampling_settings()}
+    return [f"{key}={json.dumps(value)}" for key, value in settings.items()]
+
+
+def write_prompts(output: str, config: EvaluateConfig, benchmarks: Sequence[str] = (), kind: str | None = None,
+                  loaded: BenchmarkSet | None = None) -> dict[str, Any]:
+    """Publish the protocol's prompts, one JSONL per (kind, k) group, each with its sample-stage config; with
+    `kind`, only that kind's prompts (one k, else an error): a folder the sample stage reads as a whole."""
+    storage.check_output(output, list(benchmarks))
+    bench = loaded or load_benchmarks(benchmarks, config)
+    groups = {key: rows for key, rows in prompt_groups(bench, config).items() if kind is None or key[0] == kind}
+    if kind is not None and len(groups) > 1:
+        raise ConfigError(f"{kind} benchmarks with different k ({sorted(k for _, k in groups)}): one sample run per k; "
+                          "write each group with `klear evaluate-prompts` (no kind) instead")
+    if kind is None and not groups:
+        raise ValueError("no problems in the selected benchmarks: nothing to prompt")
+    with storage.claim_output(output), tempfile.TemporaryDirectory(prefix="klear-evaluate-prompts-") as tmp:
+        staging = Path(tmp)
+        listing = {}
+        for (group_kind, k), rows in groups.items():
+            name = f"{group_kind}-k{k}"
+            sampling = config.sampling_for(k)
+            _write_jsonl(rows, staging / f"{name}.jsonl")
+            (staging / f"sampling-{name}.yaml").write_text(sampling.dump_yaml())
+            listing[name] = {"file": f"{name}.jsonl", "config": f"sampling-{name}.yaml", "kind": group_kind, "n": k,
+                             "prompts": len(rows), "sample_overrides": sample_overrides(sampling)}
+        report = {"stage": "evaluate-prompts", "kind": kind, "groups": listing, "benchmark_files": bench.sources}
+        (staging / "report.json").write_text(json.dumps(report, indent=2, default=str))
+        storage.publish_dir(staging, output, meta={"stage": "evaluate-prompts", "groups": listing})
+    return report
+
+
+def sample_then_run(output: str, config: EvaluateConfig, benchmarks: Sequence[str] = (), model: str | None = None,
+                    label: str = "model", sample_output: str | None = None, endpoint: str | None = None,
+                    served_model: str | None = None, samples: Iterable[SampleSource | str] = ()) -> dict[str, Any]:
+    """Sample the protocol's prompts from `model` (or `endpoint`) with klear.sample, then score them (with any
+    other `samples`, side by side). Each (kind, k) group is one sample output under `sample_output`."""
+    from klear.sample.stage import run as sample_run
+
+    storage.check_output(output, list(benchmarks))
+    bench = load_benchmarks(benchmarks, config)
+    root = (sample_output or f"{output.rstrip('/')}.samples").rstrip("/")
+    sampled: list[SampleSource] = []
+    with tempfile.TemporaryDirectory(prefix="klear-evaluate-prompts-") as tmp:
+        for (kind, k), rows in prompt_groups(bench, config).items():
+            prompts = _write_jsonl(rows, Path(tmp) / f"{kind}-k{k}.jsonl")
+            target = f"{root}/{kind}-k{k}"
+            log.info("sampling %d %s prompts x %d into %s", len(rows), kind, k, target)
+            sample_run([str(prompts)], target, config.sampling_for(k), model=model, endpoint=endpoint,
+                       served_model=served_model)
+            sampled.append(SampleSource(label, target))
+    return run([*sampled, *samples], output, config, benchmarks, loaded=bench)
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    from klear.common.cli import add_config_arguments
+
+    parser = subparsers.add_parser("evaluate", help="scores on AIME, HMMT and LiveCodeBench, with a report",
+                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--samples", nargs="+", action="extend", default=[], metavar="[LABEL=]URI",
+                        help="saved generations (klear sample outputs or files); LABEL puts models side by side")
+    parser.add_argument("--model", metavar="[LABEL=]URI", help="sample this model first (vLLM on GPU, transformers on CPU)")
+    parser.add_argument("--endpoint", metavar="URL", help="sample an OpenAI-compatible endpoint first")
+    parser.add_argument("--served-model", metavar="NAME", help="the model name the endpoint serves")
+    parser.add_argument("--label", default="model", help="label of the --model/--endpoint samples (default: model)")
+    parser.add_argument("--sample-output", metavar="URI", help="where --model samples go (default: <output>.samples)")
+    parser.add_argument("--output", required=True, metavar="URI", help="output location (path, file:// or s3://)")
+    parser.add_argument("--benchmark", nargs="+", action="extend", default=[], metavar="URI",
+                        help="math sets and LiveCodeBench code_generation_lite files (default math: the shipped sets)")
+    add_config_arguments(parser, "paper", "paper, paper-64k, tiny")
+    parser.set_defaults(func=_main)
+
+    prompts = subparsers.add_parser("evaluate-prompts", help="the evaluation prompts, for a separate sample step",
+                                    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    prompts.add_argument("--output", required=True, metavar="URI", help="output location (path, file:// or s3://)")
+    prompts.add_argument("--benchmark", nargs="+", action="extend", default=[], metavar="URI",
+                         help="math sets and LiveCodeBench code_generation_lite files (default math: the shipped sets)")
+    add_config_arguments(prompts, "paper", "paper, paper-64k, tiny")
+    prompts.set_defaults(func=_prompts_main)
+
+
+def _main(args: argparse.Namespace) -> int:
+    config = load_config(EvaluateConfig, args.config, args.overrides)
+    if args.model or args.endpoint:
+        label, model = args.label, args.model
+        if model:
+            parsed = parse_sample_specs([model], args.label)[0]
+            label, model = parsed.label, parsed.uri
+        report = sample_then_run(args.output, config, args.benchmark, model=model, label=label,
+                                 sample_output=args.sample_output, endpoint=args.endpoint,
+                                 served_model=args.served_model, samples=args.samples)
+    else:
+        report = run(args.samples, args.output, config, args.benchmark)
+    print(json.dumps(_headline(report)))
+    return 0
+
+
+def _prompts_main(args: argparse.Namespace) -> int:
+    report = write_prompts(args.output, load_config(EvaluateConfig, args.config, args.overrides), args.benchmark)
+    print(json.dumps(report["groups"]))
+    return 0
