@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install demo test test-fast typecheck pipeline bench clean
+.PHONY: install demo stage test test-fast typecheck pipeline bench clean
 
 install: $(STAMP)
 
@@ -13,9 +13,15 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
 
-# The whole pipeline, locally, on CPU: the compiled DAG under kfp.local with the tiny preset.
+# The whole pipeline, locally, on CPU: the compiled klear-reasoner DAG under kfp.local on the demo's tiny model
+# and synthetic task, outputs on a SeaweedFS server started on loopback (NO_S3=1: plain folders). Prints base ->
+# SFT -> RL on the held-out demo benchmark; writes runs/demo/summary.json and runs/demo/report.html.
 demo: pipeline
-	$(BIN)/python -m pipelines.run_local klear-reasoner-demo --workdir runs/demo
+	$(BIN)/python -m pipelines.demo --workdir runs/demo $(if $(NO_S3),--no-s3,)
+
+# One stage alone, from earlier artifacts: make stage STAGE=sft-data ARGS="teacher_samples_uri=s3://... preset=tiny"
+stage: pipeline
+	$(BIN)/python -m pipelines.run_local klear-$(STAGE) --workdir runs/stage-$(STAGE) $(foreach a,$(ARGS),--arg $(a))
 
 # The type check, then every test. pytest exits 5 when it collects nothing; that is not a failure of the suite.
 test: typecheck

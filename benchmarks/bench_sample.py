@@ -8,7 +8,7 @@
    wall time (load, shards, publish), and the peak RSS of the sampling process. Target >= 500 samples/s on 2 cores.
 2. Resume cost: a work area of a 100,000-unit run with 60% done (shards of 256 units), then the time a restart
    takes to find the missing units (list + read the shard indexes + compare with the prompts). Target <= 2 s.
-   Local disk by default; --s3 also on a SeaweedFS server on loopback (tests/s3server.py).
+   Local disk by default; --s3 also on a SeaweedFS server on loopback (pipelines/local_s3.py).
 """
 
 from __future__ import annotations
@@ -176,7 +176,7 @@ def main() -> None:
             sys.path.insert(0, str(ROOT))
             import boto3
 
-            from tests import s3server
+            from pipelines import local_s3 as s3server
 
             s3 = s3server.start(Path(tmp) / "seaweed")
             try:

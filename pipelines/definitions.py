@@ -1,40 +1,44 @@
 """The Klear-Reasoner post-training DAG, read top to bottom like the paper's recipe.
 
-    klear_pipeline       prompt sources -> curate -> sft (base model imported) -> math RL -> code RL
-                         (RL prompt sets imported from object storage)
-    klear_demo_pipeline  synthetic demo sources -> curate -> sft of the tiny model -> math RL -> code RL
-                         (the tiny CPU presets, `make demo`)
-    curate_pipeline      curate alone, from existing sources: rerun one stage on demand
-    sft_pipeline         sft alone, from an existing model and SFT data (klear-sft)
-    gppo_math_pipeline   math RL alone, from an existing model and RL prompts (klear-gppo-math)
-    gppo_code_pipeline   code RL alone (klear-gppo-code)
+    klear-reasoner   prompt sources -> curate -> sample (teacher) -> sft-data (difficulty from the reference
+                     model's samples) -> sft -> rl-filter math / code (each fed by the filter model's samples)
+                     -> math RL -> code RL -> evaluate (base, SFT and RL side by side)
+    klear-<stage>    one stage alone, its inputs imported from URIs, to rerun it on an earlier run's artifacts:
+                     curate, sample, judge, sft-data, sft, rl-filter, gppo-math, gppo-code, evaluate
 
-Math RL and code RL are the one `gppo` component with `task="math"` / `task="code"`.
+`make demo` runs klear-reasoner itself, on the demo's synthetic sources and tiny model with the tiny presets
+(pipelines/demo.py); there is no separate demo wiring.
 
-Cluster-only settings (images, resources, node selectors, secrets) are set here; kfp.local
-ignores them, so the very same DAG runs on a laptop CPU.
-
-Resources of the training stages are decided at run time: GPUs per node, CPU and memory are
-pipeline parameters (strings, the only kind the KFP driver resolves into a pod's resources), and
-the same GPU parameter tells the component how many processes to launch. A run with
-`*_gpus_per_node` = "0" trains on CPU in the component's pod (then lower `*_cpu` / `*_memory` too).
-The demo pipeline is CPU-only and requests no accelerator at all.
+Cluster-only settings (images, resources, secrets, retries) are set here; kfp.local ignores them, so the very
+same DAG runs on a laptop CPU. Resources of the GPU stages are decided at run time: GPUs, CPU and memory are
+pipeline parameters (strings, the only kind the KFP driver resolves into a pod's resources), and the same GPU
+parameter tells a training component how many processes to launch. "0" GPUs runs on CPU in the pod.
 """
-
-from typing import NamedTuple
 
 from kfp import dsl
 
 from klear.curate.component import curate
+from klear.evaluate.component import evaluate, evaluation_prompts
 from klear.gppo.component import gppo
+from klear.judge.component import judge
+from klear.rl_filter.component import rl_filter
+from klear.sample.component import sample
 from klear.sft.component import sft
-from klear.demo.component import demo_data, tiny_model
+from klear.sft_data.component import sft_data
 
-S3_SECRET = "klear-s3"  # created by the Helm chart in charts/: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL
+S3_SECRET = "klear-s3"  # the Helm chart's Secret: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL, AWS_REGION
+S3_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL", "AWS_REGION")
+# The API key of an OpenAI-compatible endpoint (teacher, filter model), key `api-key`; optional: a self-hosted
+# vLLM server needs none.
+ENDPOINT_SECRET = "klear-endpoint"
+UNTRUSTED_CODE_LABEL = "klear.io/runs-untrusted-code"  # the chart's NetworkPolicy denies these pods the network
 GPU_RESOURCE = "nvidia.com/gpu"
-# Defaults of one 8-GPU training node (H100/H200 class): what the recipe needs, well below what such a node has.
-GPUS, SFT_CPU, RL_CPU, NODE_MEMORY = "8", "64", "96", "512Gi"  # RL scores rollouts on CPU workers: more cores
-CPU_TRAINING = ("2", "8Gi")  # the demo's tiny presets
+# Defaults of one 8-GPU node (H100/H200 class): what the recipe needs, well below what such a node has.
+GPUS, SFT_CPU, RL_CPU, SAMPLE_CPU, NODE_MEMORY = "8", "64", "96", "32", "512Gi"  # RL scores rollouts on CPU workers
+JOB_ID = dsl.PIPELINE_JOB_ID_PLACEHOLDER
+
+
+# --------------------------------------------------------------------------- cluster settings
 
 
 def _on_cluster(task: dsl.PipelineTask, cpu, memory) -> dsl.PipelineTask:
@@ -42,56 +46,103 @@ def _on_cluster(task: dsl.PipelineTask, cpu, memory) -> dsl.PipelineTask:
     from kfp import kubernetes
 
     task.set_cpu_request(cpu).set_cpu_limit(cpu).set_memory_request(memory).set_memory_limit(memory)
-    kubernetes.use_secret_as_env(
-        task,
-        secret_name=S3_SECRET,
-        secret_key_to_env={k: k for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL")},
-    )
+    kubernetes.use_secret_as_env(task, secret_name=S3_SECRET, secret_key_to_env={k: k for k in S3_KEYS})
     return task
 
 
-def _curate(source_data, source_files, benchmark_uris, preset, run_root) -> dsl.PipelineTask:
-    task = curate(
-        source_data=source_data,
-        source_files=source_files,
-        benchmark_uris=benchmark_uris,
-        preset=preset,
-        overrides=[],
-        run_root=run_root,
-        run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
-    )
-    task.set_display_name("curate: dedup + 9-gram decontamination")
-    return _on_cluster(task, cpu="16", memory="32Gi")
-
-
-def _on_training_node(task: dsl.PipelineTask, gpus, cpu, memory) -> dsl.PipelineTask:
-    """A training stage on a GPU node, sized at run time by (string) pipeline parameters: the GPUs, CPU and
-    memory, a RAM-backed /dev/shm for NCCL, and retries (a preempted pod resumes from the newest checkpoint on
-    object storage). "0" GPUs still schedules (a zero GPU limit) and trains on CPU in the pod."""
+def _on_gpu_node(task: dsl.PipelineTask, gpus, cpu, memory) -> dsl.PipelineTask:
+    """A GPU stage, sized at run time: GPUs, CPU and memory, a RAM-backed /dev/shm for NCCL and vLLM, and
+    retries (a preempted pod resumes from what it published: checkpoints, sample shards)."""
     from kfp import kubernetes
 
     task.set_accelerator_type(GPU_RESOURCE).set_accelerator_limit(gpus)
     kubernetes.empty_dir_mount(task, volume_name="dshm", mount_path="/dev/shm", medium="Memory")
-    task.set_retry(num_retries=3)
+    task.set_retry(num_retries=3, backoff_duration="60s", backoff_factor=2)
+    task.set_caching_options(False)  # long, resumable, not bit-reproducible: rerun on purpose, resume on retry
     return _on_cluster(task, cpu, memory)
 
 
-def _on_cpu(task: dsl.PipelineTask) -> dsl.PipelineTask:
-    """A training stage of the CPU demo: small resources, no accelerator requested at all."""
-    return _on_cluster(task, *CPU_TRAINING)
+def _runs_untrusted_code(task: dsl.PipelineTask) -> dsl.PipelineTask:
+    """Pods that execute model-written programs (in the sandbox): the chart's NetworkPolicy selects this label."""
+    from kfp import kubernetes
+
+    return kubernetes.add_pod_label(task, UNTRUSTED_CODE_LABEL, "true")
 
 
-def _sft(base_model, data, preset, run_root, gpus_per_node, nodes=1) -> dsl.PipelineTask:
-    task = sft(base_model=base_model, data=data, preset=preset, overrides=[], gpus_per_node=gpus_per_node,
-               nodes=nodes, run_root=run_root, run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER)
-    return task.set_display_name("sft: long-CoT SFT (TRL, ZeRO-3)")
+def _deterministic(task: dsl.PipelineTask, cpu: str = "16", memory: str = "64Gi") -> dsl.PipelineTask:
+    """A CPU data stage whose output depends only on its inputs and settings: cached across runs."""
+    task.set_caching_options(True)
+    return _on_cluster(task, cpu, memory)
 
 
-def _gppo(rl_task: str, policy, data, preset, run_root, gpus_per_node, nodes=1, overrides=[]) -> dsl.PipelineTask:
-    """One RL run of the paper with the one gppo component: rl_task "math" (after SFT) or "code" (after math RL)."""
-    task = gppo(policy=policy, data=data, task=rl_task, preset=preset, overrides=overrides, gpus_per_node=gpus_per_node,
-                nodes=nodes, run_root=run_root, run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER)
-    return task.set_display_name(f"{rl_task} RL: GPPO (TRL + vLLM)")
+def _import(uri, kind, name: str) -> dsl.PipelineTask:
+    task = dsl.importer(artifact_uri=uri, artifact_class=kind, reimport=False)
+    return task.set_display_name(name)
+
+
+# --------------------------------------------------------------------------- stage tasks
+
+
+def _curate(sources, source_files, benchmark_uris, preset, run_root) -> dsl.PipelineTask:
+    task = curate(source_data=sources, source_files=source_files, benchmark_uris=benchmark_uris, preset=preset,
+                  overrides=[], run_root=run_root, run_id=JOB_ID)
+    return _deterministic(task.set_display_name("curate: dedup + 9-gram decontamination"), "16", "32Gi")
+
+
+def _sample(what: str, prompts, preset, overrides, run_root, gpus, cpu, memory, model=None, model_uri="",
+            endpoint="", served_model="") -> dsl.PipelineTask:
+    """One use of the sampling engine: a model (artifact or URI; vLLM on the pod's GPUs) or an endpoint."""
+    from kfp import kubernetes
+
+    arguments = dict(prompts=prompts, endpoint=endpoint, served_model=served_model, api_key_env="", name=what,
+                     preset=preset, overrides=overrides, run_root=run_root, run_id=JOB_ID, model_uri=model_uri)
+    task = sample(**arguments, model=model) if model is not None else sample(**arguments)
+    task.set_display_name(f"sample: {what}")
+    kubernetes.use_secret_as_env(task, secret_name=ENDPOINT_SECRET, secret_key_to_env={"api-key": "OPENAI_API_KEY"},
+                                 optional=True)
+    return _on_gpu_node(task, gpus, cpu, memory)
+
+
+def _sft(base_model, data, preset, run_root, gpus, nodes, cpu, memory, overrides=[]) -> dsl.PipelineTask:
+    task = sft(base_model=base_model, data=data, preset=preset, overrides=overrides, gpus_per_node=gpus, nodes=nodes,
+               run_root=run_root, run_id=JOB_ID)
+    return _on_gpu_node(task.set_display_name("sft: long-CoT SFT (TRL, ZeRO-3)"), gpus, cpu, memory)
+
+
+def _gppo(rl_task: str, policy, data, preset, run_root, gpus, nodes, cpu, memory, overrides=[]) -> dsl.PipelineTask:
+    """One RL run of the paper with the one gppo component: "math" (after SFT), then "code" (after math RL)."""
+    task = gppo(policy=policy, data=data, task=rl_task, preset=preset, overrides=overrides, gpus_per_node=gpus,
+                nodes=nodes, run_root=run_root, run_id=JOB_ID)
+    task.set_display_name(f"{rl_task} RL: GPPO (TRL + vLLM)")
+    return _runs_untrusted_code(_on_gpu_node(task, gpus, cpu, memory))
+
+
+def _rl_filter(rl_task: str, problems, filter_samples, benchmark_uris, preset, run_root) -> dsl.PipelineTask:
+    task = rl_filter(problems=problems, filter_samples=filter_samples, task=rl_task, preset=preset, overrides=[],
+                     benchmark_uris=benchmark_uris, run_root=run_root, run_id=JOB_ID)
+    task.set_display_name(f"rl-filter: {rl_task} (pass rate of the filter model)")
+    return _runs_untrusted_code(_deterministic(task))
+
+
+def _evaluate(models: dict[str, dsl.PipelineTask], benchmark_uris, preset, run_root, name: str,
+              code: dict[str, dsl.PipelineTask] | None = None, folder: str = "evaluate") -> dsl.PipelineTask:
+    """evaluate with up to three models side by side: `models` maps label -> its math sample task, in the
+    order final, baseline, reference (RL, SFT, base); `code` the same for LiveCodeBench samples."""
+    (label, first), (base_label, second), (ref_label, third) = list(models.items())
+    code = code or {}
+    inputs = {"samples": first.outputs["samples"], "baseline_samples": second.outputs["samples"],
+              "reference_samples": third.outputs["samples"]}
+    if code:
+        inputs |= {"code_samples": code[label].outputs["samples"],
+                   "baseline_code_samples": code[base_label].outputs["samples"],
+                   "reference_code_samples": code[ref_label].outputs["samples"]}
+    task = evaluate(**inputs, benchmark_uris=benchmark_uris, preset=preset, overrides=[], run_root=run_root,
+                    run_id=JOB_ID, label=label, baseline_label=base_label, reference_label=ref_label, name=folder)
+    task.set_display_name(name)
+    return _runs_untrusted_code(_deterministic(task))
+
+
+# --------------------------------------------------------------------------- the recipe
 
 
 @dsl.pipeline(name="klear-reasoner", description="Klear-Reasoner post-training recipe (arXiv 2508.07629)")
@@ -99,124 +150,253 @@ def klear_pipeline(
     sources_uri: str,
     source_files: list,
     base_model_uri: str,
+    reference_model_uri: str,
+    rl_math_uri: str,
+    rl_code_uri: str,
+    teacher_model_uri: str = "",
+    teacher_endpoint: str = "",
+    teacher_served_model: str = "",
+    filter_model_uri: str = "",
+    filter_endpoint: str = "",
+    filter_served_model: str = "",
     benchmark_uris: list = [],
-    preset: str = "paper",
-    run_root: str = "",
-    rl_math_uri: str = "",
-    rl_code_uri: str = "",
-    sft_nodes: int = 1,
-    rl_nodes: int = 1,
+    curate_preset: str = "paper",
+    sample_preset: str = "paper",
+    teacher_overrides: list = [],
+    reference_overrides: list = ["n=8"],
+    filter_overrides: list = [],
+    sft_data_preset: str = "paper",
+    sft_preset: str = "paper",
+    sft_overrides: list = [],
+    rl_filter_preset: str = "paper",
     gppo_math_preset: str = "math",
     gppo_code_preset: str = "code",
+    gppo_overrides: list = [],
+    evaluate_preset: str = "paper",
+    evaluate_code: bool = False,
+    run_root: str = "",
+    sample_gpus: str = GPUS,
+    sample_cpu: str = SAMPLE_CPU,
+    sample_memory: str = NODE_MEMORY,
+    sft_nodes: int = 1,
     sft_gpus_per_node: str = GPUS,
     sft_cpu: str = SFT_CPU,
     sft_memory: str = NODE_MEMORY,
+    rl_nodes: int = 1,
     rl_gpus_per_node: str = GPUS,
     rl_cpu: str = RL_CPU,
     rl_memory: str = NODE_MEMORY,
 ):
-    """`sources_uri` is a folder on object storage; `source_files` names its files, each with an optional
-    field mapping (`numina.jsonl#prompt=problem`). Empty `benchmark_uris` means the shipped AIME/HMMT sets.
-    `base_model_uri`: a Hugging Face model folder on object storage (Qwen3-8B-Base). `rl_math_uri` and
-    `rl_code_uri`: the RL prompt sets (math with `answer`, code with `tests`), files or published outputs.
-    `sft_*` / `rl_*`: GPUs (a whole number), CPU and memory (Kubernetes quantities) of each training node."""
-    sources = dsl.importer(artifact_uri=sources_uri, artifact_class=dsl.Dataset, reimport=False)
-    sources.set_display_name("prompt sources")
-    curated = _curate(sources.output, source_files, benchmark_uris, preset, run_root)
-    base = dsl.importer(artifact_uri=base_model_uri, artifact_class=dsl.Model, reimport=False)
-    base.set_display_name("base model")
-    tuned = _on_training_node(_sft(base.output, curated.outputs["curated"], preset, run_root, sft_gpus_per_node,
-                                   sft_nodes), sft_gpus_per_node, sft_cpu, sft_memory)
-    rl_math = dsl.importer(artifact_uri=rl_math_uri, artifact_class=dsl.Dataset, reimport=False)
-    rl_math.set_display_name("math RL prompts")
-    math_rl = _on_training_node(_gppo("math", tuned.outputs["model"], rl_math.output, gppo_math_preset, run_root,
-                                      rl_gpus_per_node, rl_nodes), rl_gpus_per_node, rl_cpu, rl_memory)
-    rl_code = dsl.importer(artifact_uri=rl_code_uri, artifact_class=dsl.Dataset, reimport=False)
-    rl_code.set_display_name("code RL prompts")
-    _on_training_node(_gppo("code", math_rl.outputs["model"], rl_code.output, gppo_code_preset, run_root,
-                            rl_gpus_per_node, rl_nodes), rl_gpus_per_node, rl_cpu, rl_memory)
+    """The whole recipe: curated prompts, teacher traces, SFT, filtered RL data, math then code RL, evaluation.
+
+    Args:
+        sources_uri: Folder of prompt sources on object storage (s3://...).
+        source_files: Its files, each with an optional field mapping, e.g. "numina.jsonl#prompt=problem".
+        base_model_uri: The model to post-train, a Hugging Face folder on object storage (Qwen3-8B-Base).
+        reference_model_uri: The model whose pass rate labels prompts easy or hard for SFT data (Qwen3-8B).
+        rl_math_uri: Candidate math RL problems (with `answer`), a file or published output.
+        rl_code_uri: Candidate code RL problems (with `tests`), a file or published output.
+        teacher_model_uri: The teacher as a model folder, sampled with vLLM in the pipeline; or give an endpoint.
+        teacher_endpoint: OpenAI-compatible API of the teacher (DeepSeek-R1-0528), e.g. http://teacher:8000/v1;
+            its key, if any, from the Secret klear-endpoint (key api-key).
+        teacher_served_model: The model name the teacher endpoint serves.
+        filter_model_uri: The RL filter model (DeepSeek-R1-0120) as a model folder; or give an endpoint.
+        filter_endpoint: OpenAI-compatible API of the RL filter model.
+        filter_served_model: The model name the filter endpoint serves.
+        benchmark_uris: Test sets: curate and rl-filter remove overlaps with them, evaluate scores them. Empty:
+            the shipped AIME24/AIME25/HMMT25; LiveCodeBench code_generation_lite files are brought by you.
+        curate_preset: curate config (paper: 9-gram decontamination).
+        sample_preset: sampling config of every sample step (paper: T 0.6, top_p 0.95, 32K tokens, n 16).
+        teacher_overrides: Sample overrides for the teacher ("backend=records" imports traces the sources ship).
+        reference_overrides: Sample overrides for the reference model (k samples per prompt for difficulty).
+        filter_overrides: Sample overrides for the RL filter model.
+        sft_data_preset: sft-data config (paper: keep every response; easy/hard threshold).
+        sft_preset: sft config (paper: 32K, lr 8e-5 cosine to 4e-5, 4 epochs, ZeRO-3).
+        sft_overrides: sft config overrides, "key=value".
+        rl_filter_preset: rl-filter config (paper: >= 16 tests, pass rate > 0.5 of 16 samples).
+        gppo_math_preset: math RL config (paper: lr 1e-6, mini-batch 16).
+        gppo_code_preset: code RL config (paper: lr 5e-7, mini-batch 32).
+        gppo_overrides: Overrides of both RL runs, e.g. ["loss=cispo"] for an ablation.
+        evaluate_preset: evaluation protocol (paper: avg@64 math, avg@8 LiveCodeBench, 32K; paper-64k: YaRN).
+        evaluate_code: Also sample and score LiveCodeBench (needs its files among benchmark_uris).
+        run_root: Object-storage root of stage outputs (s3://bucket/runs): outputs and checkpoints go to
+            <run_root>/<run id>/<stage>, so a retried pod resumes. Empty: the KFP artifact store.
+        sample_gpus: GPUs of each sampling pod ("0" for an endpoint or imported traces).
+        sample_cpu: CPU of each sampling pod.
+        sample_memory: Memory of each sampling pod.
+        sft_nodes: Training nodes of SFT (more than 1: a Kubeflow Trainer job).
+        sft_gpus_per_node: GPUs per SFT node.
+        sft_cpu: CPU per SFT node.
+        sft_memory: Memory per SFT node.
+        rl_nodes: Training nodes of each RL run.
+        rl_gpus_per_node: GPUs per RL node.
+        rl_cpu: CPU per RL node.
+        rl_memory: Memory per RL node.
+    """
+    sampling = (sample_gpus, sample_cpu, sample_memory)
+    sources = _import(sources_uri, dsl.Dataset, "prompt sources")
+    base = _import(base_model_uri, dsl.Model, "base model")
+    curated = _curate(sources.output, source_files, benchmark_uris, curate_preset, run_root).outputs["curated"]
+
+    # SFT data: teacher traces, labelled by the reference model's pass rate (paper §5.1).
+    teacher = _sample("teacher", curated, sample_preset, teacher_overrides, run_root, *sampling,
+                      model_uri=teacher_model_uri, endpoint=teacher_endpoint, served_model=teacher_served_model)
+    reference = _sample("reference", curated, sample_preset, reference_overrides, run_root, *sampling,
+                        model_uri=reference_model_uri)
+    records = sft_data(teacher_samples=teacher.outputs["samples"], reference_samples=reference.outputs["samples"],
+                       target_model=base.output, preset=sft_data_preset, overrides=[], run_root=run_root,
+                       run_id=JOB_ID)
+    _runs_untrusted_code(_deterministic(records.set_display_name("sft-data: difficulty and policy")))
+    tuned = _sft(base.output, records.outputs["records"], sft_preset, run_root, sft_gpus_per_node, sft_nodes,
+                 sft_cpu, sft_memory, sft_overrides)
+
+    # RL data: problems the filter model solves reliably (label noise out), then math RL, then code RL.
+    rl_data = {}
+    for rl_task, uri in (("math", rl_math_uri), ("code", rl_code_uri)):
+        problems = _import(uri, dsl.Dataset, f"{rl_task} RL problems")
+        filtered = _sample(f"filter-{rl_task}", problems.output, sample_preset, filter_overrides, run_root,
+                           *sampling, model_uri=filter_model_uri, endpoint=filter_endpoint,
+                           served_model=filter_served_model)
+        rl_data[rl_task] = _rl_filter(rl_task, problems.output, filtered.outputs["samples"], benchmark_uris,
+                                      rl_filter_preset, run_root).outputs["rl_data"]
+    math_rl = _gppo("math", tuned.outputs["model"], rl_data["math"], gppo_math_preset, run_root, rl_gpus_per_node,
+                    rl_nodes, rl_cpu, rl_memory, gppo_overrides)
+    code_rl = _gppo("code", math_rl.outputs["model"], rl_data["code"], gppo_code_preset, run_root,
+                    rl_gpus_per_node, rl_nodes, rl_cpu, rl_memory, gppo_overrides)
+
+    # Evaluation under the paper's protocol: the final model beside SFT and the base model.
+    prompts = evaluation_prompts(benchmark_uris=benchmark_uris, preset=evaluate_preset, overrides=[],
+                                 run_root=run_root, run_id=JOB_ID)
+    _deterministic(prompts.set_display_name("evaluate: benchmark prompts"), "2", "8Gi")
+    models = {"rl": code_rl.outputs["model"], "sft": tuned.outputs["model"], "base": base.output}
+
+    def eval_samples(kind: str) -> dict[str, dsl.PipelineTask]:
+        return {label: _sample(f"eval-{label}-{kind}", prompts.outputs[f"{kind}_prompts"], sample_preset,
+                               prompts.outputs[f"{kind}_sample_overrides"], run_root, *sampling, model=model)
+                for label, model in models.items()}
+
+    math_samples = eval_samples("math")
+    _evaluate(math_samples, benchmark_uris, evaluate_preset, run_root, "evaluate: AIME / HMMT")
+    with dsl.If(evaluate_code == True):  # noqa: E712 - a pipeline condition, compiled, not a Python comparison
+        _evaluate(math_samples, benchmark_uris, evaluate_preset, run_root, "evaluate: AIME / HMMT / LiveCodeBench",
+                  code=eval_samples("code"), folder="evaluate-code")
 
 
-class DemoOutputs(NamedTuple):
-    curated: dsl.Dataset
-    sft_model: dsl.Model
-    model: dsl.Model
+# --------------------------------------------------------------------------- single-stage reruns
 
 
-@dsl.pipeline(name="klear-reasoner-demo", description="The recipe on synthetic data and a tiny model, for CPU")
-def klear_demo_pipeline(
-    math_count: int = 200, code_count: int = 16, preset: str = "tiny", run_root: str = "",
-    gppo_math_preset: str = "tiny-math", gppo_code_preset: str = "tiny-code",
-) -> DemoOutputs:
-    demo = demo_data(math_count=math_count, code_count=code_count, seed=0, run_root=run_root,
-                     run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER)
-    demo.set_display_name("demo data")
-    _on_cluster(demo, cpu="1", memory="2Gi")
-    curated = _curate(demo.outputs["data"], ["math.jsonl#prompt=problem", "code.jsonl#prompt=question"], [], preset,
-                      run_root)
-    tiny = tiny_model(run_root=run_root, run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER)
-    tiny.set_display_name("tiny model")
-    _on_cluster(tiny, cpu="1", memory="2Gi")
-    tuned = _on_cpu(_sft(tiny.outputs["model"], curated.outputs["curated"], preset, run_root, gpus_per_node="0"))
-    # The curated prompts hold both kinds: math RL keeps those with an answer, code RL those with tests.
-    math_rl = _on_cpu(_gppo("math", tuned.outputs["model"], curated.outputs["curated"], gppo_math_preset, run_root, "0"))
-    code_rl = _on_cpu(_gppo("code", math_rl.outputs["model"], curated.outputs["curated"], gppo_code_preset, run_root,
-                            "0"))
-    return DemoOutputs(curated=curated.outputs["curated"], sft_model=tuned.outputs["model"], model=code_rl.outputs["model"])
-
-
-@dsl.pipeline(name="klear-curate", description="Rerun the curate stage alone on existing prompt sources")
-def curate_pipeline(
-    sources_uri: str, source_files: list, benchmark_uris: list = [], preset: str = "paper", run_root: str = ""
-) -> dsl.Dataset:
-    sources = dsl.importer(artifact_uri=sources_uri, artifact_class=dsl.Dataset, reimport=False)
+@dsl.pipeline(name="klear-curate", description="Rerun curate alone on existing prompt sources")
+def curate_pipeline(sources_uri: str, source_files: list, benchmark_uris: list = [], preset: str = "paper",
+                    run_root: str = "") -> dsl.Dataset:
+    sources = _import(sources_uri, dsl.Dataset, "prompt sources")
     return _curate(sources.output, source_files, benchmark_uris, preset, run_root).outputs["curated"]
 
 
-@dsl.pipeline(name="klear-sft", description="Rerun the SFT stage alone on an existing model and SFT data")
-def sft_pipeline(
-    base_model_uri: str, data_uri: str, preset: str = "paper", run_root: str = "", gpus_per_node: str = GPUS,
-    nodes: int = 1, cpu: str = SFT_CPU, memory: str = NODE_MEMORY,
-) -> dsl.Model:
+@dsl.pipeline(name="klear-sample", description="Rerun sampling alone: a model or an endpoint on existing prompts")
+def sample_pipeline(prompts_uri: str, name: str = "teacher", model_uri: str = "", endpoint: str = "",
+                    served_model: str = "", preset: str = "paper", overrides: list = [], run_root: str = "",
+                    gpus: str = GPUS, cpu: str = SAMPLE_CPU, memory: str = NODE_MEMORY) -> dsl.Dataset:
+    prompts = _import(prompts_uri, dsl.Dataset, "prompts")
+    return _sample(name, prompts.output, preset, overrides, run_root, gpus, cpu, memory, model_uri=model_uri,
+                   endpoint=endpoint, served_model=served_model).outputs["samples"]
+
+
+@dsl.pipeline(name="klear-judge", description="Rerun judging alone on existing samples")
+def judge_pipeline(samples_uri: str, problems_uri: str = "", preset: str = "paper", overrides: list = [],
+                   run_root: str = "") -> dsl.Dataset:
+    samples = _import(samples_uri, dsl.Dataset, "samples")
+    task = judge(samples=samples.output, problems_uri=problems_uri, preset=preset, overrides=overrides,
+                 run_root=run_root, run_id=JOB_ID)
+    return _runs_untrusted_code(_deterministic(task.set_display_name("judge"))).outputs["judged"]
+
+
+@dsl.pipeline(name="klear-sft-data", description="Rerun sft-data alone on existing teacher and reference samples")
+def sft_data_pipeline(teacher_samples_uri: str, reference_samples_uri: str, target_model_uri: str,
+                      preset: str = "paper", overrides: list = [], run_root: str = "") -> dsl.Dataset:
+    teacher = _import(teacher_samples_uri, dsl.Dataset, "teacher samples")
+    reference = _import(reference_samples_uri, dsl.Dataset, "reference samples")
+    target = _import(target_model_uri, dsl.Model, "target model (tokenizer)")
+    task = sft_data(teacher_samples=teacher.output, reference_samples=reference.output, target_model=target.output,
+                    preset=preset, overrides=overrides, run_root=run_root, run_id=JOB_ID)
+    return _runs_untrusted_code(_deterministic(task.set_display_name("sft-data"))).outputs["records"]
+
+
+@dsl.pipeline(name="klear-sft", description="Rerun SFT alone on an existing model and SFT data")
+def sft_pipeline(base_model_uri: str, data_uri: str, preset: str = "paper", overrides: list = [],
+                 run_root: str = "", gpus_per_node: str = GPUS, nodes: int = 1, cpu: str = SFT_CPU,
+                 memory: str = NODE_MEMORY) -> dsl.Model:
     """`gpus_per_node` (a whole number), `cpu` and `memory` (Kubernetes quantities) size each training node."""
-    base = dsl.importer(artifact_uri=base_model_uri, artifact_class=dsl.Model, reimport=False)
-    data = dsl.importer(artifact_uri=data_uri, artifact_class=dsl.Dataset, reimport=False)
-    task = _sft(base.output, data.output, preset, run_root, gpus_per_node, nodes)
-    return _on_training_node(task, gpus_per_node, cpu, memory).outputs["model"]
+    base = _import(base_model_uri, dsl.Model, "base model")
+    data = _import(data_uri, dsl.Dataset, "SFT data")
+    return _sft(base.output, data.output, preset, run_root, gpus_per_node, nodes, cpu, memory,
+                overrides).outputs["model"]
+
+
+@dsl.pipeline(name="klear-rl-filter", description="Rerun RL data filtering alone on existing problems and samples")
+def rl_filter_pipeline(problems_uri: str, filter_samples_uri: str, task: str = "math", benchmark_uris: list = [],
+                       preset: str = "paper", run_root: str = "") -> dsl.Dataset:
+    problems = _import(problems_uri, dsl.Dataset, "RL problems")
+    samples = _import(filter_samples_uri, dsl.Dataset, "filter-model samples")
+    return _rl_filter(task, problems.output, samples.output, benchmark_uris, preset, run_root).outputs["rl_data"]
 
 
 def _rl_rerun(rl_task, model_uri, data_uri, preset, overrides, run_root, gpus_per_node, nodes, cpu, memory) -> dsl.Model:
-    policy = dsl.importer(artifact_uri=model_uri, artifact_class=dsl.Model, reimport=False)
-    data = dsl.importer(artifact_uri=data_uri, artifact_class=dsl.Dataset, reimport=False)
-    task = _gppo(rl_task, policy.output, data.output, preset, run_root, gpus_per_node, nodes, overrides)
-    return _on_training_node(task, gpus_per_node, cpu, memory).outputs["model"]
+    policy = _import(model_uri, dsl.Model, "policy")
+    data = _import(data_uri, dsl.Dataset, f"{rl_task} RL data")
+    return _gppo(rl_task, policy.output, data.output, preset, run_root, gpus_per_node, nodes, cpu, memory,
+                 overrides).outputs["model"]
 
 
-@dsl.pipeline(name="klear-gppo-math", description="Rerun math RL alone on an existing model and math RL prompts")
-def gppo_math_pipeline(
-    model_uri: str, data_uri: str, preset: str = "math", overrides: list = [], run_root: str = "",
-    gpus_per_node: str = GPUS, nodes: int = 1, cpu: str = RL_CPU, memory: str = NODE_MEMORY,
-) -> dsl.Model:
-    """`overrides` are config `key=value` pairs, e.g. ["loss=cispo"] for an ablation arm. `gpus_per_node` (a whole
-    number), `cpu` and `memory` (Kubernetes quantities) size each training node."""
+@dsl.pipeline(name="klear-gppo-math", description="Rerun math RL alone on an existing model and math RL data")
+def gppo_math_pipeline(model_uri: str, data_uri: str, preset: str = "math", overrides: list = [],
+                       run_root: str = "", gpus_per_node: str = GPUS, nodes: int = 1, cpu: str = RL_CPU,
+                       memory: str = NODE_MEMORY) -> dsl.Model:
+    """`overrides` are config `key=value` pairs, e.g. ["loss=cispo"] for an ablation arm."""
     return _rl_rerun("math", model_uri, data_uri, preset, overrides, run_root, gpus_per_node, nodes, cpu, memory)
 
 
-@dsl.pipeline(name="klear-gppo-code", description="Rerun code RL alone on an existing model and code RL prompts")
-def gppo_code_pipeline(
-    model_uri: str, data_uri: str, preset: str = "code", overrides: list = [], run_root: str = "",
-    gpus_per_node: str = GPUS, nodes: int = 1, cpu: str = RL_CPU, memory: str = NODE_MEMORY,
-) -> dsl.Model:
-    """`overrides` are config `key=value` pairs, e.g. ["loss=clip_higher"] for an ablation arm. `gpus_per_node` (a
-    whole number), `cpu` and `memory` (Kubernetes quantities) size each training node."""
+@dsl.pipeline(name="klear-gppo-code", description="Rerun code RL alone on an existing model and code RL data")
+def gppo_code_pipeline(model_uri: str, data_uri: str, preset: str = "code", overrides: list = [],
+                       run_root: str = "", gpus_per_node: str = GPUS, nodes: int = 1, cpu: str = RL_CPU,
+                       memory: str = NODE_MEMORY) -> dsl.Model:
+    """`overrides` are config `key=value` pairs, e.g. ["loss=clip_higher"] for an ablation arm."""
     return _rl_rerun("code", model_uri, data_uri, preset, overrides, run_root, gpus_per_node, nodes, cpu, memory)
+
+
+@dsl.pipeline(name="klear-evaluate", description="Evaluate one model: sample the benchmarks, then score them")
+def evaluate_pipeline(model_uri: str, benchmark_uris: list = [], preset: str = "paper", sample_preset: str = "paper",
+                      run_root: str = "", gpus: str = GPUS, cpu: str = SAMPLE_CPU,
+                      memory: str = NODE_MEMORY) -> dsl.Markdown:
+    model = _import(model_uri, dsl.Model, "model")
+    prompts = evaluation_prompts(benchmark_uris=benchmark_uris, preset=preset, overrides=[], run_root=run_root,
+                                 run_id=JOB_ID)
+    _deterministic(prompts.set_display_name("evaluate: benchmark prompts"), "2", "8Gi")
+    math = _sample("eval-math", prompts.outputs["math_prompts"], sample_preset,
+                   prompts.outputs["math_sample_overrides"], run_root, gpus, cpu, memory, model=model.output)
+    task = evaluate(samples=math.outputs["samples"], benchmark_uris=benchmark_uris, preset=preset, overrides=[],
+                    run_root=run_root, run_id=JOB_ID, label="model")
+    return _runs_untrusted_code(_deterministic(task.set_display_name("evaluate"))).outputs["summary"]
+
+
+@dsl.pipeline(name="klear-evaluate-samples", description="Rescore saved samples (no sampling)")
+def evaluate_samples_pipeline(samples_uri: str, benchmark_uris: list = [], preset: str = "paper",
+                              label: str = "model", run_root: str = "") -> dsl.Markdown:
+    samples = _import(samples_uri, dsl.Dataset, "samples")
+    task = evaluate(samples=samples.output, benchmark_uris=benchmark_uris, preset=preset, overrides=[],
+                    run_root=run_root, run_id=JOB_ID, label=label)
+    return _runs_untrusted_code(_deterministic(task.set_display_name("evaluate"))).outputs["summary"]
 
 
 PIPELINES = {
     "klear-reasoner": klear_pipeline,
-    "klear-reasoner-demo": klear_demo_pipeline,
     "klear-curate": curate_pipeline,
+    "klear-sample": sample_pipeline,
+    "klear-judge": judge_pipeline,
+    "klear-sft-data": sft_data_pipeline,
     "klear-sft": sft_pipeline,
+    "klear-rl-filter": rl_filter_pipeline,
     "klear-gppo-math": gppo_math_pipeline,
     "klear-gppo-code": gppo_code_pipeline,
+    "klear-evaluate": evaluate_pipeline,
+    "klear-evaluate-samples": evaluate_samples_pipeline,
 }

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import s3server
+from pipelines import local_s3 as s3server
 
 DEMO_FILES = ("math.jsonl", "code.jsonl")
 

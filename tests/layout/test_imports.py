@@ -101,9 +101,10 @@ def test_nothing_in_the_package_imports_pipelines() -> None:
     assert not offenders
 
 
-def test_pipelines_use_stage_components_and_common_only() -> None:
+def test_pipeline_definitions_use_stage_components_and_common_only() -> None:
+    """The DAGs wire components; runners (run_local, demo) may call stages' code directly."""
     wrong = []
-    for path in sorted((ROOT / "pipelines").glob("*.py")):
+    for path in (ROOT / "pipelines" / "definitions.py", ROOT / "pipelines" / "compile.py"):
         for module in _klear_imports(path):
             parts = module.split(".")
             if parts[1:2] == ["common"] or parts[-1] == "component":

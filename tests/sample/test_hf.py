@@ -110,3 +110,19 @@ def test_curated_prompts_and_a_published_model_on_s3(tiny_model: str, s3_bucket:
     assert json.loads(rows[("u1", 0)]["record"]) == {"uid": "u1", "answer": "4"} and rows[("u1", 0)]["source"] == "math"
     assert storage.list_files(f"{s3_bucket}/runs/r1/sample-teacher.work/shards")  # the shards are kept on S3
     assert report["settings"]["identity"]["engine"] == "model"
+
+
+def test_next_token_filters_and_draws_from_its_own_generator() -> None:
+    import torch
+
+    from klear.sample.backends.hf import next_token
+
+    logits = torch.tensor([0.0, 3.0, 2.9, -1.0])
+    assert next_token(torch, logits, 0.0, 1.0, 0, torch.Generator()) == 1  # greedy
+    # top_k=1 and a nucleus smaller than the best token's mass both leave only the best token.
+    assert {next_token(torch, logits, 1.0, 1.0, 1, torch.Generator().manual_seed(s)) for s in range(20)} == {1}
+    assert {next_token(torch, logits, 1.0, 0.1, 0, torch.Generator().manual_seed(s)) for s in range(20)} == {1}
+    # Unfiltered, both likely tokens appear over seeds, and one seed always gives the same draw.
+    draws = [next_token(torch, logits, 1.0, 1.0, 0, torch.Generator().manual_seed(s)) for s in range(40)]
+    assert {1, 2} <= set(draws)
+    assert draws == [next_token(torch, logits, 1.0, 1.0, 0, torch.Generator().manual_seed(s)) for s in range(40)]

@@ -35,6 +35,7 @@ def evaluate(
     reference_code_samples: Input[Dataset] = None,
     reference_label: str = "reference",
     extra_samples: list = [],
+    name: str = "evaluate",
 ):
     """Score saved generations on AIME24/AIME25/HMMT25 and LiveCodeBench v5/v6 under the paper's protocol.
 
@@ -60,6 +61,7 @@ def evaluate(
         reference_code_samples: its second sample output, or none.
         reference_label: its label.
         extra_samples: more sample outputs already on storage, "LABEL=URI" (or "URI" for `label`).
+        name: the output folder under run_root, distinct per evaluate task of one run (evaluate, evaluate-code).
     """
     from klear.common import kfp_io, storage
     from klear.common.config import load_config
@@ -75,7 +77,7 @@ def evaluate(
         if artifact is not None:
             sources.append(SampleSource(name, kfp_io.input_location(artifact)))
     sources += parse_sample_specs(list(extra_samples), label)
-    target = kfp_io.output_location(scores, run_root, run_id, "evaluate")
+    target = kfp_io.output_location(scores, run_root, run_id, name)
     result = run(sources, target, load_config(EvaluateConfig, preset, list(overrides)), list(benchmark_uris))
     kfp_io.record_output(scores, target, {"labels": ",".join(result["labels"])})
     with open(summary.path, "w") as fh:

@@ -23,6 +23,7 @@ def sample(
     summary: Output[Markdown],
     metrics: Output[Metrics],
     model: Optional[Input[Model]] = None,
+    model_uri: str = "",
 ):
     """n responses per prompt from a model (vLLM on the pod's GPUs, transformers on CPU) or an OpenAI-compatible
     endpoint, kept per (prompt, sample) so a retried pod samples only what is missing.
@@ -46,6 +47,8 @@ def sample(
         summary: The run's report: counts, settings, tokens, speed, failures.
         metrics: Sampled and failed units, tokens, samples/s and tokens/s.
         model: The model to sample (a published model folder); leave unset when sampling an endpoint.
+        model_uri: The model to sample as a URI (s3://..., a path) when it is not an artifact of this run (the
+            teacher, the reference or filter model of the full recipe); `model` wins when both are given.
     """
     from klear.common import kfp_io
     from klear.common.config import load_config
@@ -57,7 +60,7 @@ def sample(
     config = load_config(SampleConfig, preset, [*overrides, *extra])
     target = kfp_io.output_location(samples, run_root, run_id, f"sample-{name}" if name else "sample")
     report = run([kfp_io.input_location(prompts)], target, config,
-                 model=kfp_io.input_location(model) if model is not None and not endpoint else None,
+                 model=(kfp_io.input_location(model) if model is not None else model_uri or None) if not endpoint else None,
                  endpoint=endpoint or None, served_model=served_model or None)
     kfp_io.record_output(samples, target, {"rows": report["units"]["rows"], "failed": report["units"]["failed"],
                                            "settings_hash": report["settings_hash"]})

@@ -21,6 +21,8 @@ class SampleConfig(StageConfig):
     backend: Literal["auto", "openai", "vllm", "hf", "records"] = pydantic.Field(
         "auto", description="auto: openai with --endpoint, vllm with --model on a GPU, hf with --model on CPU")
     n: int = pydantic.Field(16, ge=1, description="samples per prompt")
+    max_prompts: int = pydantic.Field(0, ge=0, description="sample only the first N prompts in source order (0 = all): "
+                                      "difficulty estimates on a subset, smoke tests")
     temperature: float = pydantic.Field(0.6, ge=0.0, description="0 = greedy")
     top_p: float = pydantic.Field(0.95, gt=0.0, le=1.0)
     top_k: int = pydantic.Field(0, ge=0, description="0 = off")

@@ -350,6 +350,8 @@ def run(prompts: Sequence[str], output: str, config: SampleConfig, model: str | 
     area = WorkArea(storage.Uri.parse(work) if work else default_work(out))
     check_work_location(out, area.uri)
     items = load_prompts(prompts, config, with_shipped=kind == "records")
+    if config.max_prompts:
+        items = items[: config.max_prompts]
     counts = [min(config.n, len(p.shipped)) if kind == "records" else config.n for p in items]
     wanted = wanted_keys(items, counts)
     units_digest = canonical_hash([[*key, prompt_hash] for key, prompt_hash in wanted.items()])

@@ -1,12 +1,14 @@
 """transformers `generate` on CPU (or one GPU): the tests' and the demo's engine. torch is imported lazily.
 
-One generate call per unit, seeded with the unit's seed, so a unit's sample does not depend on what else is
-pending: a restart reproduces exactly what an uninterrupted run would have produced.
+The pending samples of one prompt decode together, one batch row each, and each row draws its tokens from its
+own generator seeded with the unit's seed: a unit's sample does not depend on what else is pending, so a restart
+reproduces what an uninterrupted run would have produced, and the rows share the prompt's forward passes.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections.abc import Iterator, Sequence
 from importlib import metadata
 from typing import Any
@@ -70,27 +72,77 @@ class HFBackend:
         return ids
 
     def generate(self, requests: Sequence[Request]) -> Iterator[Completion]:
+        for _, group in itertools.groupby(requests, key=lambda r: r.prompt.id):
+            yield from self._generate_group(list(group))
+
+    def _processors(self) -> Any:
+        """transformers' own logits processors for what is not sampling proper: the repetition penalty, and the
+        model's generation-config token biases (`sequence_bias`), as `generate` would apply them."""
+        from transformers.generation.logits_process import (LogitsProcessorList, RepetitionPenaltyLogitsProcessor,
+                                                            SequenceBiasLogitsProcessor)
+
+        processors = LogitsProcessorList()
+        if self.config.repetition_penalty != 1.0:
+            processors.append(RepetitionPenaltyLogitsProcessor(penalty=self.config.repetition_penalty))
+        bias = getattr(self.model.generation_config, "sequence_bias", None)
+        if bias:
+            pairs = bias.items() if isinstance(bias, dict) else bias
+            processors.append(SequenceBiasLogitsProcessor(sequence_bias=[[list(k), float(v)] for k, v in pairs]))
+        return processors
+
+    def _generate_group(self, group: list[Request]) -> Iterator[Completion]:
+        """One prompt's pending samples: a batched decode with a KV cache, one seeded generator per row."""
         torch, config = self.torch, self.config
-        sampling: dict[str, Any] = {"do_sample": config.temperature > 0}
-        if config.temperature > 0:
-            sampling.update(temperature=config.temperature, top_p=config.top_p, top_k=config.top_k)
-        for request in requests:
-            ids = self._encode(request)
-            torch.manual_seed(request.seed)
-            with torch.inference_mode():
-                out = self.model.generate(
-                    input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=config.max_tokens,
-                    repetition_penalty=config.repetition_penalty, eos_token_id=sorted(self.eos_ids),
-                    pad_token_id=self.tokenizer.pad_token_id or sorted(self.eos_ids)[0], **sampling)
-            tokens = out[0, ids.shape[1]:].tolist()
-            finish = finish_reason(tokens, self.eos_ids, config.max_tokens)
-            body = tokens[:-1] if finish == "stop" and tokens and tokens[-1] in self.eos_ids else tokens
+        ids = self._encode(group[0])
+        sequences = ids.repeat(len(group), 1)
+        processors = self._processors()
+        generators = [torch.Generator(device=self.device).manual_seed(r.seed) for r in group]
+        tokens: list[list[int]] = [[] for _ in group]
+        finished = [False] * len(group)
+        past, step_input = None, sequences
+        with torch.inference_mode():
+            for _ in range(config.max_tokens):
+                out = self.model(input_ids=step_input, past_key_values=past, use_cache=True)
+                past = out.past_key_values
+                logits = processors(sequences, out.logits[:, -1, :].float())
+                picked = [next_token(torch, row, config.temperature, config.top_p, config.top_k, generators[i])
+                          for i, row in enumerate(logits)]
+                for i, token in enumerate(picked):
+                    if not finished[i]:
+                        tokens[i].append(token)
+                        finished[i] = token in self.eos_ids
+                if all(finished):
+                    break
+                step_input = torch.tensor(picked, device=self.device).unsqueeze(1)
+                sequences = torch.cat([sequences, step_input], dim=1)
+        for request, row in zip(group, tokens):
+            finish = finish_reason(row, self.eos_ids, config.max_tokens)
+            body = row[:-1] if finish == "stop" and row and row[-1] in self.eos_ids else row
             text = self.tokenizer.decode(body, skip_special_tokens=True)
             yield Completion(request=request, parsed=reasoning.from_text(text), finish_reason=finish,
-                             prompt_tokens=int(ids.shape[1]), completion_tokens=len(tokens), model=self.model_name)
+                             prompt_tokens=int(ids.shape[1]), completion_tokens=len(row), model=self.model_name)
 
     def close(self) -> None:
         self._prompt_ids.clear()
+
+
+def next_token(torch: Any, logits: Any, temperature: float, top_p: float, top_k: int, generator: Any) -> int:
+    """One token from one row's logits: greedy at temperature 0, else temperature, top-k (0: off) and nucleus
+    top-p filtering, then a draw from the row's own generator."""
+    if temperature <= 0:
+        return int(logits.argmax())
+    scaled = logits / temperature
+    if top_k > 0:
+        kth = torch.topk(scaled, min(top_k, scaled.numel())).values[-1]
+        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+    probs = torch.softmax(scaled, dim=-1)
+    if top_p < 1.0:
+        ordered, order = torch.sort(probs, descending=True)
+        outside = ordered.cumsum(-1) - ordered > top_p  # keep the smallest prefix whose mass reaches top_p
+        probs = probs.clone()
+        probs[order[outside]] = 0.0
+        probs = probs / probs.sum()
+    return int(torch.multinomial(probs, 1, generator=generator))
 
 
 def storage_name(uri: str) -> str:

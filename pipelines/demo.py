@@ -1,0 +1,162 @@
+"""`make demo`: the klear-reasoner pipeline end to end on this machine's CPU, with a tiny model that learns.
+
+    python -m pipelines.demo [--workdir runs/demo] [--no-s3] [--quick]
+
+1. Starts a real SeaweedFS S3 server on loopback (the pip-installed `weed`) and puts every stage output
+   there; `--no-s3` (or KLEAR_DEMO_NO_S3=1) uses plain folders under the workdir instead.
+2. Prepares the inputs: the demo's synthetic sources with worked solutions (`klear demo-data`), the tiny
+   base model built in code, and the held-out demo benchmark (never trained on; curate checks it).
+3. Runs the compiled `klear-reasoner` pipeline itself (the DAG a cluster runs, not a separate wiring) under
+   kfp.local with the demo presets. The teacher is the `records` backend of `klear sample` on the sources'
+   shipped worked traces: a real backend, and the only teacher that fits a CPU (a tiny model cannot teach).
+4. Prints the evaluation of base -> SFT -> RL on the held-out benchmark and writes <workdir>/summary.json:
+   {"base": {"pass@1", "stderr"}, "sft": {...}, "rl": {...}, "seconds": {stage: s, ...}} (percent).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+import time
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from klear.common import storage
+
+BUCKET = "klear-demo"
+SOURCE_FILES = ["arithmetic.jsonl#prompt=problem"]  # the demo's learnable task, with worked solutions
+LABELS = ("base", "sft", "rl")
+# The demo presets of every stage; --quick (CI) shortens training and evaluation, keeping the claim.
+DEMO = {
+    "curate_preset": "tiny", "sample_preset": "tiny", "sft_data_preset": "tiny", "rl_filter_preset": "tiny",
+    "sft_preset": "demo", "gppo_math_preset": "demo-math", "gppo_code_preset": "tiny-code", "evaluate_preset": "demo",
+    "teacher_overrides": ["backend=records", "n=1"], "filter_overrides": ["backend=records", "n=1"],
+    "reference_overrides": ["n=1", "max_prompts=200"],
+    "sample_gpus": "0", "sft_gpus_per_node": "0", "rl_gpus_per_node": "0",
+}
+QUICK: dict[str, Any] = {"sft_overrides": ["num_epochs=2"], "gppo_overrides": ["max_steps=4"]}
+
+
+@contextlib.contextmanager
+def object_store(workdir: Path, use_s3: bool) -> Iterator[str]:
+    """The root for this demo's data: a bucket on a SeaweedFS server started here (stopped afterwards), or a
+    local folder. The server's credentials go into this process's environment, which kfp.local's
+    subprocesses inherit."""
+    if not use_s3:
+        root = workdir / "store"
+        root.mkdir(parents=True, exist_ok=True)
+        yield str(root.resolve())
+        return
+    import boto3
+
+    from pipelines import local_s3
+
+    server = local_s3.start(workdir / "seaweedfs")
+    try:
+        os.environ.update(server.env)
+        boto3.client("s3", endpoint_url=server.endpoint, region_name="us-east-1").create_bucket(Bucket=BUCKET)
+        print(f"SeaweedFS S3 on {server.endpoint}, bucket {BUCKET}", flush=True)
+        yield f"s3://{BUCKET}"
+    finally:
+        server.stop()
+
+
+def prepare_inputs(root: str) -> dict[str, str]:
+    """Demo sources and held-out benchmark, and the tiny base model, published under `<root>/inputs`."""
+    from klear.demo.generate import generate
+    from klear.demo.tiny_model import build
+
+    data, model = f"{root}/inputs/demo-data", f"{root}/inputs/tiny-model"
+    generate(data, seed=0)
+    build(model, spec="demo")
+    return {"data": data, "model": model, "benchmark": f"{data}/demo_benchmark.jsonl"}
+
+
+def pipeline_arguments(inputs: dict[str, str], run_root: str, quick: bool) -> dict[str, Any]:
+    arguments: dict[str, Any] = {
+        "sources_uri": inputs["data"], "source_files": SOURCE_FILES, "base_model_uri": inputs["model"],
+        "reference_model_uri": inputs["model"], "rl_math_uri": f"{inputs['data']}/arithmetic.jsonl",
+        "rl_code_uri": f"{inputs['data']}/code.jsonl", "benchmark_uris": [inputs["benchmark"]], "run_root": run_root,
+        **DEMO,
+    }
+    return {**arguments, **(QUICK if quick else {})}
+
+
+def run_folder(run_root: str) -> storage.Uri:
+    """The one run under `run_root` (kfp.local names it after its job id)."""
+    runs = sorted({name.split("/", 1)[0] for name in storage.list_files(run_root)})
+    if len(runs) != 1:
+        raise RuntimeError(f"expected one pipeline run under {run_root}, found {runs}")
+    return storage.Uri.parse(run_root).join(runs[0])
+
+
+def stage_seconds(run: storage.Uri, started: float) -> dict[str, float]:
+    """Seconds per stage output, from the manifests' publication times: kfp.local runs one task at a time,
+    so each stage took the time since the one published before it."""
+    published = []
+    for name in storage.list_files(run):
+        folder, _, rest = name.partition("/")
+        if rest == storage.MANIFEST_NAME:
+            created = storage.read_manifest(run.join(folder)).created
+            published.append((datetime.fromisoformat(created.replace("Z", "+00:00")).timestamp(), folder))
+    seconds, previous = {}, started
+    for when, folder in sorted(published):
+        seconds[folder] = round(when - previous, 1)
+        previous = when
+    return seconds
+
+
+def summarize(evaluation: dict[str, Any], seconds: dict[str, float], total: float) -> dict[str, Any]:
+    """The claim in numbers: pass@1 and its standard error per model on the held-out benchmark (percent)."""
+    summary: dict[str, Any] = {}
+    for label in LABELS:
+        block = evaluation["models"][label]["benchmarks"]["demo"]
+        summary[label] = {"pass@1": block["pass@1"], "stderr": block["stderr"], "k": block["k"],
+                          "problems": block["problems"]}
+    summary["seconds"] = {**seconds, "total": round(total, 1)}
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workdir", type=Path, default=Path("runs/demo"))
+    parser.add_argument("--no-s3", action="store_true", default=os.environ.get("KLEAR_DEMO_NO_S3") == "1",
+                        help="plain folders instead of a SeaweedFS server")
+    parser.add_argument("--quick", action="store_true", help="shorter training and evaluation (the CI test)")
+    args = parser.parse_args(argv)
+
+    from pipelines.run_local import run_compiled
+
+    started = time.time()
+    with object_store(args.workdir, not args.no_s3) as root:
+        root = f"{root}/{time.strftime('%Y%m%d-%H%M%S')}"
+        inputs = prepare_inputs(root)
+        run_root = f"{root}/runs"
+        run_compiled("klear-reasoner", args.workdir, pipeline_arguments(inputs, run_root, args.quick))
+        run = run_folder(run_root)
+        evaluation = json.loads(storage.read_bytes(run.join("evaluate", "report.json")))
+        summary = summarize(evaluation, stage_seconds(run, started), time.time() - started)
+        report_html = args.workdir / "report.html"
+        report_html.write_bytes(storage.read_bytes(run.join("evaluate", "report.html")))
+        print(storage.read_bytes(run.join("evaluate", "report.md")).decode())
+    (args.workdir / "summary.json").write_text(json.dumps(summary, indent=2))
+    print(_table(summary))
+    print(f"\nHTML report: {report_html.resolve()}\nsummary: {(args.workdir / 'summary.json').resolve()}")
+    return 0
+
+
+def _table(summary: dict[str, Any]) -> str:
+    lines = ["| model | pass@1 on the held-out demo benchmark (%) |", "|---|---|"]
+    lines += [f"| {label} | {summary[label]['pass@1']:.1f} ± {summary[label]['stderr']:.1f} |" for label in LABELS]
+    lines += ["", "| stage | seconds |", "|---|---|"]
+    lines += [f"| {stage} | {s:.0f} |" for stage, s in summary["seconds"].items()]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
