@@ -11,6 +11,11 @@ from pathlib import Path
 
 import pytest
 
+# The tiny model's ops take microseconds: a second intra-op thread only adds synchronisation, and with the
+# S3 server, reward workers and sandboxes sharing 2 cores it oversubscribes them (a decode step measured
+# 340 ms with 2 threads under load, 6 ms with 1). Set before torch is imported; subprocesses inherit it.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 from pipelines import local_s3 as s3server
 
 DEMO_FILES = ("math.jsonl", "code.jsonl")

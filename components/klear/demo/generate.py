@@ -9,6 +9,14 @@ Publishes two sources, each item with a worked reference solution in the paper's
               in `question`, tests in `tests` (LiveCodeBench's {input, output, testtype}), the
               reference program, fenced as ```python, in `solution` and `messages`
 
+and the demo's learnable task (klear/demo/tasks.py), column addition with worked solutions:
+
+  arithmetic.jsonl     the training split: `problem`, `answer` (math RL) and the worked solution as
+                       `solution` and `messages` (imported as teacher samples by `klear sample
+                       --set backend=records`, trained on by SFT)
+  demo_benchmark.jsonl the held-out split, never trained on: {id, benchmark: "demo", problem, answer},
+                       what `klear evaluate` reads; no problem shares its operands with a training one
+
 Planted on purpose, so curation has real work: exact duplicates (some re-cased or re-spaced)
 and reworded AIME/HMMT problems (case changed, `$` removed, embedded in a longer prompt, cut to
 their first 60%). `planted.json` lists them with what curate must do with each.
@@ -28,6 +36,7 @@ from typing import Any
 from klear import testsets as benchmarks
 from klear.common import storage
 from klear.common.records import read_records, write_records
+from klear.demo import tasks
 
 NAMES = ("Ava", "Ben", "Chloe", "Dmitri", "Elena", "Farid", "Grace", "Hiro", "Ines", "Jonas", "Kemi", "Luca")
 THINGS = ("apples", "marbles", "stickers", "books", "coins", "pencils", "shells", "cards", "stamps", "buttons")
@@ -240,19 +249,31 @@ def planted(math: list[dict[str, Any]], rng: random.Random) -> list[dict[str, An
     return rows
 
 
-def generate(output: str, math_count: int = 200, code_count: int = 16, seed: int = 0) -> dict[str, Any]:
+ARITHMETIC_COUNT = 2000
+BENCHMARK_COUNT = 200
+
+
+def generate(output: str, math_count: int = 200, code_count: int = 16, seed: int = 0,
+             arithmetic_count: int = ARITHMETIC_COUNT, benchmark_count: int = BENCHMARK_COUNT) -> dict[str, Any]:
     rng = random.Random(seed)
     math = math_items(math_count, rng)
     code = code_items(code_count, rng)
     extra = planted(math, rng)
+    # The arithmetic splits draw from their own seeded streams: math.jsonl and code.jsonl stay as they were.
+    arithmetic = tasks.train_items(arithmetic_count, seed, held_out=benchmark_count)
+    benchmark = tasks.benchmark_items(benchmark_count, seed)
     with tempfile.TemporaryDirectory(prefix="klear-demo-") as tmp:
         root = Path(tmp)
         write_records(({k: v for k, v in row.items() if k not in ("expect", "of")} for row in math + extra),
                       root / "math.jsonl")
         write_records(code, root / "code.jsonl")
+        write_records(arithmetic, root / "arithmetic.jsonl")
+        write_records(benchmark, root / "demo_benchmark.jsonl")
         summary = {
             "math": len(math) + len(extra),
             "code": len(code),
+            "arithmetic": len(arithmetic),
+            "benchmark": len(benchmark),
             "planted": [{"id": r["id"], "expect": r["expect"], "of": r["of"]} for r in extra],
         }
         (root / "planted.json").write_text(json.dumps(summary, indent=2))
@@ -266,5 +287,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--output", required=True, metavar="URI")
     parser.add_argument("--math", type=int, default=200, help="arithmetic word problems (default 200)")
     parser.add_argument("--code", type=int, default=16, help="programming problems (default 16)")
+    parser.add_argument("--arithmetic", type=int, default=ARITHMETIC_COUNT,
+                        help=f"addition problems with worked solutions, the training split (default {ARITHMETIC_COUNT})")
+    parser.add_argument("--benchmark", type=int, default=BENCHMARK_COUNT,
+                        help=f"held-out addition problems in demo_benchmark.jsonl (default {BENCHMARK_COUNT})")
     parser.add_argument("--seed", type=int, default=0)
-    parser.set_defaults(func=lambda a: print(json.dumps({k: v for k, v in generate(a.output, a.math, a.code, a.seed).items() if k != "planted"})))
+    parser.set_defaults(func=lambda a: print(json.dumps({k: v for k, v in generate(
+        a.output, a.math, a.code, a.seed, a.arithmetic, a.benchmark).items() if k != "planted"})))

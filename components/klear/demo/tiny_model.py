@@ -27,6 +27,9 @@ SPECIAL_TOKENS = (PAD, START_OF_TURN, END_OF_TURN)
 # As in Qwen3: single tokens but not "special", so decoding with skip_special_tokens (as TRL does for
 # rewards) keeps them and the verifiers can see where the reasoning ends.
 THINK_TOKENS = (THINK_OPEN, THINK_CLOSE)
+# The pre-tokenizer pattern of Qwen2/Qwen3's tokenizer.json: `\p{N}` alone splits numbers into single digits.
+QWEN_SPLIT_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+                      r"\s*[\r\n]+|\s+(?!\S)|\s+")
 
 
 @dataclass(frozen=True)
@@ -42,26 +45,48 @@ class TinySpec:
     head_dim: int = 16
     max_position_embeddings: int = 4096
     seed: int = 0
+    # The tokenizer also learns from the demo's additions and the chat roles (fewer tokens per demo answer);
+    # off for the tests' model, whose tokenizer their expectations were written against.
+    arithmetic_corpus: bool = False
 
 
-def corpus(seed: int = 0) -> Iterator[str]:
+# "tiny": the tests' model (every test that trains builds on it: keep it fast). "demo": `make demo` and
+# benchmarks/calibrate_demo.py, sized so SFT learns the demo's arithmetic in minutes on two cores.
+SPECS: dict[str, TinySpec] = {
+    "tiny": TinySpec(),
+    # Twice as wide: ~0.4M parameters. At the tests' width, 4 SFT epochs of the demo's additions reach ~5 %
+    # on the held-out split; at this width ~25 % (avg@4, T=0.6) in about the same minutes.
+    "demo": TinySpec(hidden_size=128, intermediate_size=256, head_dim=32, arithmetic_corpus=True),
+}
+
+
+def corpus(seed: int = 0, arithmetic: bool = False) -> Iterator[str]:
     """Text to train the tokenizer on: the demo data's problems and solutions, plus every printable ASCII char."""
     from klear.demo.generate import code_items, math_items
+    from klear.demo.tasks import train_items
 
     rng = random.Random(seed)
-    for item in math_items(400, rng) + code_items(16, rng):
+    items = math_items(400, rng) + code_items(16, rng) + (train_items(400, seed) if arithmetic else [])
+    for item in items:
         for message in item["messages"]:
             yield message["content"]
     yield "".join(chr(c) for c in range(32, 127))
+    if arithmetic:
+        yield "system\nuser\nassistant\n"  # the chat template's role names: one token each, not four
 
 
 def train_tokenizer(spec: TinySpec) -> Any:
     """A byte-level BPE `PreTrainedTokenizerFast` with the Qwen3 specials and chat template."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    # Qwen2/Qwen3's pre-tokenization: the split pattern keeps every digit a token of its own (column
+    # arithmetic is then copying and one-digit sums), then bytes are mapped without GPT-2's own regex.
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN_SPLIT_PATTERN), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=spec.vocab_size - len(THINK_TOKENS),  # the think tags are added after training
@@ -69,7 +94,7 @@ def train_tokenizer(spec: TinySpec) -> Any:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),  # all 256 bytes: any text encodes, nothing is <unk>
         show_progress=False,
     )
-    tok.train_from_iterator(corpus(spec.seed), trainer=trainer)
+    tok.train_from_iterator(corpus(spec.seed, spec.arithmetic_corpus), trainer=trainer)
     tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in THINK_TOKENS])
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=tok,
@@ -125,8 +150,10 @@ def save_tiny_model(directory: Path, spec: TinySpec = TinySpec()) -> dict[str, A
     return summary
 
 
-def build(output: str, spec: TinySpec = TinySpec()) -> dict[str, Any]:
-    """Build the tiny model and publish it to `output` (path, file:// or s3://)."""
+def build(output: str, spec: TinySpec | str = TinySpec()) -> dict[str, Any]:
+    """Build the tiny model (a TinySpec, or the name of one in SPECS) and publish it to `output` (path, file:// or s3://)."""
+    if isinstance(spec, str):
+        spec = SPECS[spec]
     with tempfile.TemporaryDirectory(prefix="klear-tiny-") as tmp:
         summary = save_tiny_model(Path(tmp), spec)
         storage.publish_dir(tmp, output, meta={"stage": "tiny-model", **summary})

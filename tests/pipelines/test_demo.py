@@ -1,0 +1,33 @@
+"""`make demo` in CI, shortened (`--quick`): the klear-reasoner DAG on SeaweedFS, and the model visibly learns.
+
+Seeded end to end (data, model, sampling, training), one thread per process, so a run repeats its figures; the
+margins below leave room for platform differences in floating point, not for chance.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SFT_OVER_BASE = 5.0  # points of pass@1 on the held-out demo benchmark
+RL_VS_SFT = 0.0  # RL must not fall below SFT
+
+
+@pytest.mark.slow
+def test_quick_demo_learns(tmp_path: Path, repo_root: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "pipelines.demo", "--workdir", str(tmp_path), "--quick"],
+                          capture_output=True, text=True, timeout=1800, cwd=repo_root)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-5000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    base, sft, rl = (summary[label]["pass@1"] for label in ("base", "sft", "rl"))
+    assert base <= 1.0, summary
+    assert sft >= base + SFT_OVER_BASE, summary
+    assert rl >= sft + RL_VS_SFT, summary
+    assert (tmp_path / "report.html").stat().st_size > 10_000
+    stages = summary["seconds"]
+    assert {"curate", "sample-teacher", "sft-data", "sft", "gppo-math", "gppo-code", "evaluate"} <= set(stages)
+    assert "SeaweedFS S3 on http://127.0.0.1" in done.stdout  # outputs went to the real S3 server
