@@ -125,7 +125,8 @@ def run(args: argparse.Namespace, root: Path) -> list[Phase]:
         return rl(args, root, train, held_out, phases)
     spec = SPECS[args.spec]
     if args.model_set:
-        spec = replace(spec, **{k: int(v) for k, v in (kv.split("=", 1) for kv in args.model_set)})
+        sizes: dict[str, Any] = {k: int(v) for k, v in (kv.split("=", 1) for kv in args.model_set)}
+        spec = replace(spec, **sizes)
     summary = timed("build", phases, build, str(root / "base"), spec)
     phases[-1].extra = {"parameters": summary["parameters"], "vocab": summary["vocab"]}
     timed("generate", phases, generate, str(root / "data"), math_count=0, code_count=0, seed=args.seed,
