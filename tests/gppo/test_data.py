@@ -6,7 +6,7 @@ import json
 
 from klear.gppo.data import rl_row
 from klear.sft.data import to_messages
-from klear.training.data import flatten_record
+from klear.common.records import unwrap_record
 
 INNER = {"id": "src-1", "problem": "What is 2 + 3?", "answer": "5",
          "messages": [{"role": "user", "content": "What is 2 + 3?"}, {"role": "assistant", "content": "5"}]}
@@ -17,19 +17,19 @@ def curated(inner: object, **outer: str) -> dict:
 
 
 def test_outer_fields_win_and_inner_fields_fill_in() -> None:
-    flat = flatten_record(curated(INNER, prompt="Mapped prompt"))
+    flat = unwrap_record(curated(INNER, prompt="Mapped prompt"))
     assert flat is not None
     assert flat["id"] == "curated-1" and flat["prompt"] == "Mapped prompt"  # curate's own fields win
     assert flat["answer"] == "5" and flat["problem"] == INNER["problem"]  # the source row fills in
     assert "record" not in flat
-    assert flatten_record({"prompt": "plain"}) == {"prompt": "plain"}
-    assert flatten_record({"prompt": "p", "record": INNER}) == {**INNER, "prompt": "p"}  # a nested object, not JSON
+    assert unwrap_record({"prompt": "plain"}) == {"prompt": "plain"}
+    assert unwrap_record({"prompt": "p", "record": INNER}) == {**INNER, "prompt": "p"}  # a nested object, not JSON
 
 
 def test_a_record_that_cannot_be_read_is_unreadable_in_both_stages() -> None:
     for bad in ("{not json", json.dumps([1, 2])):
         row = {"prompt": "What is 2 + 3?", "record": bad}
-        assert flatten_record(row) is None
+        assert unwrap_record(row) is None
         assert to_messages(row) is None  # sft counts it as "unreadable"
         assert rl_row(row, "math", "f.jsonl:1") == (None, "unreadable")
 

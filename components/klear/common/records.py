@@ -12,7 +12,8 @@ Hugging Face `datasets` folder; anything else is refused rather than guessed at.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Iterator
+import json
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -348,3 +349,28 @@ class ParquetShardWriter:
         assert self._writer is not None
         self._writer.close()
         self._writer = None
+
+
+RECORD = "record"  # curate's column holding the source row; a sample row's `record` holds curate's row in turn
+MAX_DEPTH = 4  # sample -> curate row -> original row is 2; more is malformed input, not a reason to loop
+
+
+def unwrap_record(row: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The one rule by which every stage reads a wrapped row: `row` with every nested `record` (a JSON object or its text) merged in, outer fields winning;
+    None when a `record` is there but is not an object (a row that cannot be read, never guessed at)."""
+    flat = {k: v for k, v in row.items() if k != RECORD}
+    inner: Any = row.get(RECORD)
+    for _ in range(MAX_DEPTH):
+        if inner is None:
+            return flat
+        if isinstance(inner, (str, bytes)):
+            try:
+                inner = json.loads(inner)
+            except ValueError:
+                return None
+        if not isinstance(inner, dict):
+            return None
+        nested = inner.get(RECORD)
+        flat = {**{k: v for k, v in inner.items() if k != RECORD}, **flat}
+        inner = nested
+    return None if inner is not None else flat

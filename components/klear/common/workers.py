@@ -22,6 +22,7 @@ Must stay importable without torch: it imports nothing from klear outside klear.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import logging
 import os
 import pickle
@@ -303,3 +304,14 @@ class WorkerPool:
                 time.sleep(0.02)
             w.kill()  # also takes any child it left behind
         self._procs = []
+
+
+def load_function(spec: str) -> Callable[..., Any]:
+    """The function named by "module:function" (a worker's scorer); the error names the spec."""
+    module, sep, name = spec.partition(":")
+    if not sep:
+        raise ValueError(f"scorer {spec!r} is not of the form module:function")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as exc:  # the pool's start-up error then names the scorer
+        raise ImportError(f"cannot load scorer {spec!r}: {type(exc).__name__}: {exc}") from exc

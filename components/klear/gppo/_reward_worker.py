@@ -8,24 +8,12 @@ SIGALRM-based timeouts (math-verify) work.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import logging
 from collections.abc import Callable
 
-from klear.common.workers import serve
+from klear.common.workers import load_function, serve
 from klear.gppo.config import RewardConfig
 from klear.verifiers.config import VerifierConfig
-
-
-def load_scorer(spec: str) -> Callable:
-    """The function named by "module:function"."""
-    module, sep, name = spec.partition(":")
-    if not sep:
-        raise ValueError(f"scorer {spec!r} is not of the form module:function")
-    try:
-        return getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError) as exc:  # the pool's start-up error then names the scorer
-        raise ImportError(f"cannot load scorer {spec!r}: {type(exc).__name__}: {exc}") from exc
 
 
 def make_scorer(setup: tuple[str, str]) -> Callable[[dict], dict]:
@@ -33,7 +21,7 @@ def make_scorer(setup: tuple[str, str]) -> Callable[[dict], dict]:
     cfg_json, verifier_json = setup
     cfg = RewardConfig.model_validate_json(cfg_json)
     verifier = VerifierConfig.model_validate_json(verifier_json)
-    scorer = load_scorer(cfg.scorer)
+    scorer = load_function(cfg.scorer)
     logging.getLogger("math_verify").setLevel(logging.ERROR)  # it warns on every parse timeout
 
     def handle(task: dict) -> dict:

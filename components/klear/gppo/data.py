@@ -1,7 +1,7 @@
 """RL prompts from records: the prompt as a chat turn, plus what the verifier needs (answer or tests).
 
 Accepted records: curate's output (`prompt` plus the source row as JSON in `record`, unwrapped by
-`klear.training.data.flatten_record`), or plain rows with the prompt in `prompt`, `problem` or
+`klear.common.records.unwrap_record`), or plain rows with the prompt in `prompt`, `problem` or
 `question`. Math rows need `answer`; code rows need `tests` (LiveCodeBench's {input, output,
 testtype}, a list or its JSON) and may name `fn_name` for functional problems. Rows that lack
 them, whose `record` cannot be read, or whose prompt is too long, are skipped and counted with
@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from klear.common.records import iter_training_records
-from klear.training.data import flatten_record
+from klear.common.records import unwrap_record
 
 PROMPT_FIELDS = ("prompt", "problem", "question")
 SKIP_REASONS = ("unreadable", "no_prompt", "no_answer", "no_tests", "prompt_too_long")
@@ -35,7 +35,7 @@ def _tests(value: Any) -> list[dict[str, Any]] | None:
 
 def rl_row(record: dict[str, Any], task: str, where: str) -> tuple[dict[str, Any] | None, str]:
     """(training row, "") or (None, skip reason) for one record."""
-    flat = flatten_record(record)
+    flat = unwrap_record(record)
     if flat is None:
         return None, "unreadable"
     prompt = next((flat[f] for f in PROMPT_FIELDS if isinstance(flat.get(f), str) and flat[f].strip()), None)

@@ -12,7 +12,6 @@ the caller's secrets.
 
 from __future__ import annotations
 
-import atexit
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -21,8 +20,8 @@ from typing import Literal
 from klear.common.parallel import resolve_workers
 from klear.common.workers import WorkerPool
 from klear.gppo.config import RewardConfig
-from klear.verifiers.code_verifier import CodeResult, CodeVerifier, TestCase
-from klear.verifiers.config import VerifierConfig
+from klear.verifiers.code_verifier import CodeResult, TestCase, process_verifier
+from klear.verifiers.config import VerifierConfig, worker_verifier
 from klear.verifiers.math_verifier import extract_answer, format_ok, judge
 
 __all__ = [
@@ -145,20 +144,6 @@ def math_verdict(response: str, gold: str, verifier: VerifierConfig) -> str:
     return "correct" if ok else "wrong"
 
 
-_code_verifier: CodeVerifier | None = None
-
-
-def _code_verifier_for(verifier: VerifierConfig) -> CodeVerifier:
-    """This process's code verifier: its sandbox zygotes start once, on the first code rollout."""
-    global _code_verifier
-    if _code_verifier is None or _code_verifier.config != verifier:
-        if _code_verifier is not None:
-            _code_verifier.close()
-        _code_verifier = CodeVerifier(verifier)
-        atexit.register(_code_verifier.close)  # a worker told to stop removes its sandbox folders
-    return _code_verifier
-
-
 def score_rollout(task: dict, cfg: RewardConfig, verifier: VerifierConfig) -> RewardOutcome:
     """The default scorer: math through math-verify, code through the sandboxed code verifier (all tests run)."""
     response = task["response"]
@@ -166,26 +151,13 @@ def score_rollout(task: dict, cfg: RewardConfig, verifier: VerifierConfig) -> Re
         return math_outcome(response, math_verdict(response, task["answer"], verifier), cfg)
     if task["task"] == "code":
         tests = [TestCase.from_dict(t) for t in task["tests"]]
-        result = _code_verifier_for(verifier).verify_response(
+        result = process_verifier(verifier).verify_response(
             response, tests, task.get("fn_name"), mode="all", problem_id=task.get("problem_id", ""))
         return code_outcome(response, result, cfg)
     raise ValueError(f"unknown task kind {task['task']!r} (expected math or code)")
 
 
 # --- worker processes ---------------------------------------------------------------------------------
-def worker_verifier(verifier: VerifierConfig, index: int, workers: int, cores: int) -> VerifierConfig:
-    """Worker `index`'s verifier settings: its share of the sandbox slots, and slot uids no other worker uses.
-
-    Every worker runs its own sandbox pool: `code_workers` = 0 would give each one a slot per core (cores²
-    programs at once), and equal uids would let two workers' concurrent programs share RLIMIT_NPROC and signal
-    each other.
-    """
-    slots = verifier.code_workers or max(1, cores // workers)
-    base = verifier.slot_uid_base
-    return verifier.model_copy(update={"code_workers": slots,
-                                       "slot_uid_base": None if base is None else base + index * slots})
-
-
 class RewardPool:
     """Score rollouts on worker processes running `cfg.scorer`; every rollout is scored within `cfg.budget_s`.
 

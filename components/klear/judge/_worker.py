@@ -7,30 +7,18 @@ run on the main thread, where math-verify's SIGALRM timeouts work.
 
 from __future__ import annotations
 
-import importlib
 import logging
 from collections.abc import Callable
 from typing import Any
 
-from klear.common.workers import serve
+from klear.common.workers import load_function, serve
 from klear.verifiers.config import VerifierConfig
-
-
-def load_scorer(spec: str) -> Callable[..., dict[str, Any]]:
-    """The function named by "module:function"."""
-    module, sep, name = spec.partition(":")
-    if not sep:
-        raise ValueError(f"scorer {spec!r} is not of the form module:function")
-    try:
-        return getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError) as exc:  # the pool's start-up error then names the scorer
-        raise ImportError(f"cannot load scorer {spec!r}: {type(exc).__name__}: {exc}") from exc
 
 
 def make_handler(setup: tuple[str, str]) -> Callable[[dict[str, Any]], dict[str, Any]]:
     verifier_json, scorer_spec = setup
     verifier = VerifierConfig.model_validate_json(verifier_json)
-    scorer = load_scorer(scorer_spec)
+    scorer = load_function(scorer_spec)
     logging.disable(logging.WARNING)  # math-verify logs every parse timeout: costly at hundreds of samples/s
     if scorer_spec == "klear.judge.scoring:score_task":
         import math_verify  # noqa: F401 - imported before "ready", so the first item's budget is all judging

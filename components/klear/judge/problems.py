@@ -14,12 +14,10 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from klear.common.records import RecordError, Source, iter_training_records
+from klear.common.records import RecordError, Source, iter_training_records, unwrap_record
 
 __all__ = ["Problem", "ProblemError", "load_problems", "parse_tests", "problem_from_row", "unwrap_record"]
 
-RECORD = "record"
-MAX_DEPTH = 4  # sample -> curate row -> original row is 2; more is malformed input, not a reason to loop
 PROMPT_FIELDS = ("prompt", "problem", "question")
 
 Kind = Literal["math", "code"]
@@ -27,27 +25,6 @@ Kind = Literal["math", "code"]
 
 class ProblemError(RecordError):
     """Problems that cannot be read or are inconsistent (duplicate ids with different references)."""
-
-
-def unwrap_record(row: Mapping[str, Any]) -> dict[str, Any] | None:
-    """`row` with every nested `record` (a JSON object or its text) merged in, outer fields winning;
-    None when a `record` is there but is not an object (a row that cannot be read, never guessed at)."""
-    flat = {k: v for k, v in row.items() if k != RECORD}
-    inner: Any = row.get(RECORD)
-    for _ in range(MAX_DEPTH):
-        if inner is None:
-            return flat
-        if isinstance(inner, (str, bytes)):
-            try:
-                inner = json.loads(inner)
-            except ValueError:
-                return None
-        if not isinstance(inner, dict):
-            return None
-        nested = inner.get(RECORD)
-        flat = {**{k: v for k, v in inner.items() if k != RECORD}, **flat}
-        inner = nested
-    return None if inner is not None else flat
 
 
 def parse_tests(value: Any) -> list[dict[str, Any]] | None:

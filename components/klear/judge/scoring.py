@@ -21,14 +21,13 @@ Verdicts (one per sample):
 
 from __future__ import annotations
 
-import atexit
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from klear.judge.problems import Problem
-from klear.verifiers.code_verifier import CodeResult, CodeVerifier, TestCase, extract_program, select_tests
-from klear.verifiers.config import VerifierConfig
+from klear.verifiers.code_verifier import CodeResult, TestCase, extract_program, process_verifier, select_tests
+from klear.verifiers.config import VerifierConfig, worker_verifier
 from klear.verifiers.math_verifier import extract_answer, judge
 
 __all__ = ["FAILED_VERDICTS", "Judgement", "code_judgement", "prepare", "score_task", "worker_verifier"]
@@ -96,20 +95,6 @@ def code_judgement(result: CodeResult) -> Judgement:
 
 
 # --- the default scorer (runs inside a worker process) --------------------------------------------------
-_code_verifier: CodeVerifier | None = None
-
-
-def _code_verifier_for(verifier: VerifierConfig) -> CodeVerifier:
-    """This process's code verifier: its sandbox zygotes start once, on the first program."""
-    global _code_verifier
-    if _code_verifier is None or _code_verifier.config != verifier:
-        if _code_verifier is not None:
-            _code_verifier.close()
-        _code_verifier = CodeVerifier(verifier)
-        atexit.register(_code_verifier.close)  # a worker told to stop removes its sandbox folders
-    return _code_verifier
-
-
 def score_task(task: Mapping[str, Any], verifier: VerifierConfig) -> dict[str, Any]:
     """Judge one prepared task: math through math-verify, code through the sandboxed code verifier.
 
@@ -124,16 +109,9 @@ def score_task(task: Mapping[str, Any], verifier: VerifierConfig) -> dict[str, A
         return Judgement("math", bool(ok), 1.0 if ok else 0.0, "correct" if ok else "wrong").to_dict()
     if task["kind"] == "code":
         tests = [TestCase.from_dict(t) for t in task["tests"]]
-        result = _code_verifier_for(verifier).run_tests(task["program"], tests, task.get("fn_name"),
+        result = process_verifier(verifier).run_tests(task["program"], tests, task.get("fn_name"),
                                                         problem_id=task.get("problem_id", ""))
         return code_judgement(result).to_dict()
     raise ValueError(f"unknown task kind {task['kind']!r} (expected math or code)")
 
 
-def worker_verifier(verifier: VerifierConfig, index: int, workers: int, cores: int) -> VerifierConfig:
-    """Worker `index`'s verifier settings: its share of the cores as sandbox slots, and slot uids no other
-    worker uses (equal uids would let two workers' programs share RLIMIT_NPROC and signal each other)."""
-    slots = verifier.code_workers or max(1, cores // workers)
-    base = verifier.slot_uid_base
-    return verifier.model_copy(update={"code_workers": slots,
-                                       "slot_uid_base": None if base is None else base + index * slots})

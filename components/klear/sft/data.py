@@ -4,7 +4,7 @@ Accepted record shapes (first match wins):
 
   {"messages": [{"role": ..., "content": ...}, ...]}           chat rows (demo data, teacher samples)
   {"record": "<JSON of a row with messages>", ...}             curate's prompts/part-*.parquet, unwrapped by
-                                                               klear.training.data.flatten_record (outer fields win)
+                                                               klear.common.records.unwrap_record (outer fields win)
   {"prompt": "...", "response" | "completion": "..."}          a prompt and one teacher response
 
 A record without an assistant turn, or longer than `max_length` tokens, is skipped and counted:
@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from klear.common.records import iter_training_records
-from klear.training.data import flatten_record
+from klear.common.records import unwrap_record
 
 SKIP_REASONS = ("no_assistant", "too_long", "unreadable")
 _ROLES = ("system", "user", "assistant")
@@ -29,7 +29,7 @@ def to_messages(record: dict[str, Any]) -> list[dict[str, str]] | None:
     """The record's conversation (role/content, plus reasoning_content when present): [] when the record has
     none (a bare prompt), None when it has one that is malformed (unknown role, non-text content, unreadable
     `record`)."""
-    flat = flatten_record(record)
+    flat = unwrap_record(record)
     if flat is None:
         return None
     if isinstance(flat.get("messages"), list):

@@ -6,6 +6,8 @@ running the programs is the sandbox pool's job.
 
 from __future__ import annotations
 
+import atexit
+
 import hashlib
 import json
 import math
@@ -221,3 +223,18 @@ class CodeVerifier:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+_process_verifier: CodeVerifier | None = None
+
+
+def process_verifier(config: VerifierConfig) -> CodeVerifier:
+    """This process's code verifier (a scoring worker's): its sandbox zygotes start once, on the first program,
+    and are replaced only when the settings change."""
+    global _process_verifier
+    if _process_verifier is None or _process_verifier.config != config:
+        if _process_verifier is not None:
+            _process_verifier.close()
+        _process_verifier = CodeVerifier(config)
+        atexit.register(_process_verifier.close)  # a worker told to stop removes its sandbox folders
+    return _process_verifier

@@ -38,3 +38,14 @@ class VerifierConfig(StageConfig):
     slot_uid_base: int | None = pydantic.Field(61000, ge=1000)  # when root: slot i runs as uid base + i
     # Development machines only: run with whatever of Landlock/seccomp the kernel offers, loudly logged.
     allow_unconfined: bool = False
+
+
+def worker_verifier(verifier: VerifierConfig, index: int, workers: int, cores: int) -> VerifierConfig:
+    """Scoring worker `index`'s verifier settings: its share of the cores as sandbox slots, and slot uids no other
+    worker uses. Every worker runs its own sandbox pool: `code_workers` = 0 would give each one a slot per core
+    (cores² programs at once), and equal uids would let two workers' programs share RLIMIT_NPROC and signal each
+    other."""
+    slots = verifier.code_workers or max(1, cores // workers)
+    base = verifier.slot_uid_base
+    return verifier.model_copy(update={"code_workers": slots,
+                                       "slot_uid_base": None if base is None else base + index * slots})
