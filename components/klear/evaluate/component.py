@@ -71,11 +71,11 @@ def evaluate(
     from klear.evaluate.stage import run
 
     sources = []
-    for name, artifact in ((label, samples), (label, code_samples), (baseline_label, baseline_samples),
-                           (baseline_label, baseline_code_samples), (reference_label, reference_samples),
-                           (reference_label, reference_code_samples)):
+    for source_label, artifact in ((label, samples), (label, code_samples), (baseline_label, baseline_samples),
+                                   (baseline_label, baseline_code_samples), (reference_label, reference_samples),
+                                   (reference_label, reference_code_samples)):
         if artifact is not None:
-            sources.append(SampleSource(name, kfp_io.input_location(artifact)))
+            sources.append(SampleSource(source_label, kfp_io.input_location(artifact)))
     sources += parse_sample_specs(list(extra_samples), label)
     target = kfp_io.output_location(scores, run_root, run_id, name)
     result = run(sources, target, load_config(EvaluateConfig, preset, list(overrides)), list(benchmark_uris))
@@ -86,11 +86,11 @@ def evaluate(
         out.write(storage.read_bytes(storage.Uri.parse(target).join("report.html")))
     for model_label, model in result["models"].items():
         prefix = "" if model_label == result["primary"] else f"{model_label}_"
-        for name, block in model["benchmarks"].items():
-            metrics.log_metric(f"{prefix}{name}_pass1", round(block["pass@1"], 3))
+        for benchmark, block in model["benchmarks"].items():
+            metrics.log_metric(f"{prefix}{benchmark}_pass1", round(block["pass@1"], 3))
             if block["stderr"] is not None:
-                metrics.log_metric(f"{prefix}{name}_stderr", round(block["stderr"], 3))
-            metrics.log_metric(f"{prefix}{name}_truncated", round(block["truncated"], 4))
+                metrics.log_metric(f"{prefix}{benchmark}_stderr", round(block["stderr"], 3))
+            metrics.log_metric(f"{prefix}{benchmark}_truncated", round(block["truncated"], 4))
 
 
 @dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
