@@ -78,7 +78,7 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("demo") / "data"
     from klear.demo.generate import generate
 
-    generate(str(out), math_count=120, code_count=8, seed=0)
+    generate(str(out), math_count=120, code_count=8, seed=0, arithmetic_count=0, benchmark_count=0)
     return out
 
 

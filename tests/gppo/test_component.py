@@ -73,7 +73,7 @@ def test_single_stage_math_rl_rerun_on_s3(tiny_model: str, s3_bucket: str, tmp_p
     from pipelines.run_local import run_compiled
 
     compile_all(tmp_path / "compiled")
-    generate(f"{s3_bucket}/data", math_count=24, code_count=4, seed=5)
+    generate(f"{s3_bucket}/data", math_count=24, code_count=4, seed=5, arithmetic_count=0, benchmark_count=0)
     task = run_compiled(
         "klear-gppo-math", tmp_path / "kfp",
         {"model_uri": tiny_model, "data_uri": f"{s3_bucket}/data", "preset": "tiny-math",

@@ -42,7 +42,7 @@ def test_single_stage_pipeline_on_s3(s3_bucket: str, tmp_path: Path) -> None:
 
     compile_all(tmp_path / "compiled")
     build(f"{s3_bucket}/models/tiny")
-    generate(f"{s3_bucket}/data", math_count=40, code_count=8, seed=3)
+    generate(f"{s3_bucket}/data", math_count=40, code_count=8, seed=3, arithmetic_count=0, benchmark_count=0)
     task = run_compiled(
         "klear-sft", tmp_path / "kfp",
         {"base_model_uri": f"{s3_bucket}/models/tiny", "data_uri": f"{s3_bucket}/data", "preset": "tiny",

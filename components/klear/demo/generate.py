@@ -267,8 +267,10 @@ def generate(output: str, math_count: int = 200, code_count: int = 16, seed: int
         write_records(({k: v for k, v in row.items() if k not in ("expect", "of")} for row in math + extra),
                       root / "math.jsonl")
         write_records(code, root / "code.jsonl")
-        write_records(arithmetic, root / "arithmetic.jsonl")
-        write_records(benchmark, root / "demo_benchmark.jsonl")
+        if arithmetic:  # absent rather than empty: a consumer of the folder reads only what exists
+            write_records(arithmetic, root / "arithmetic.jsonl")
+        if benchmark:
+            write_records(benchmark, root / "demo_benchmark.jsonl")
         summary = {
             "math": len(math) + len(extra),
             "code": len(code),

@@ -15,7 +15,7 @@ import json
 import random
 import tempfile
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -164,10 +164,24 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("tiny-model", help="build the tiny Qwen3-style model for the CPU preset",
                                    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--output", required=True, metavar="URI")
-    parser.add_argument("--layers", type=int, default=TinySpec.num_hidden_layers)
-    parser.add_argument("--hidden", type=int, default=TinySpec.hidden_size)
-    parser.add_argument("--vocab", type=int, default=TinySpec.vocab_size)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.set_defaults(func=lambda a: print(json.dumps(build(a.output, TinySpec(
-        vocab_size=a.vocab, hidden_size=a.hidden, intermediate_size=2 * a.hidden, num_hidden_layers=a.layers,
-        seed=a.seed)))))
+    parser.add_argument("--spec", choices=sorted(SPECS), default="tiny",
+                        help="sizes: tiny (the tests' model) or demo (wider, for `make demo`); the flags below override")
+    parser.add_argument("--layers", type=int, help="hidden layers")
+    parser.add_argument("--hidden", type=int, help="hidden size (the MLP is twice as wide, heads stay 4)")
+    parser.add_argument("--vocab", type=int, help="vocabulary size, at most")
+    parser.add_argument("--seed", type=int, help="seed of the initial weights and the tokenizer corpus")
+    parser.set_defaults(func=lambda a: print(json.dumps(build(a.output, spec_from_args(a)))))
+
+
+def spec_from_args(args: argparse.Namespace) -> TinySpec:
+    spec = SPECS[args.spec]
+    if args.hidden is not None:
+        spec = replace(spec, hidden_size=args.hidden, intermediate_size=2 * args.hidden,
+                       head_dim=args.hidden // spec.num_attention_heads)
+    if args.layers is not None:
+        spec = replace(spec, num_hidden_layers=args.layers)
+    if args.vocab is not None:
+        spec = replace(spec, vocab_size=args.vocab)
+    if args.seed is not None:
+        spec = replace(spec, seed=args.seed)
+    return spec
