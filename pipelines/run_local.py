@@ -1,6 +1,6 @@
 """Run a compiled pipeline end to end on this machine with kfp.local (no cluster, CPU).
 
-    python -m pipelines.run_local klear-reasoner-demo --workdir runs/demo [--run-root s3://bucket/runs] [--arg k=v ...]
+    python -m pipelines.run_local klear-curate --workdir runs/curate [--run-root s3://bucket/runs] [--arg k=v ...]
 
 Runs the YAML under pipelines/compiled/ (compile first: `make pipeline`), exactly what the
 cluster runs, with kfp.local's SubprocessRunner in this Python environment.
@@ -58,7 +58,7 @@ def _summary(location: storage.Uri) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("pipeline", help="compiled pipeline name, e.g. klear-reasoner-demo")
+    parser.add_argument("pipeline", help="compiled pipeline name, e.g. klear-sft-data")
     parser.add_argument("--workdir", type=Path, default=Path("runs/local"))
     parser.add_argument("--run-root", default="", help="where stages publish (path or s3://); default: KFP artifacts")
     parser.add_argument("--arg", action="append", default=[], metavar="KEY=VALUE", help="pipeline argument (YAML value)")
