@@ -2,7 +2,7 @@
 
     python benchmarks/calibrate_demo.py [--spec demo] [--sft-preset demo] [--gppo-preset demo-math]
         [--train 2000] [--benchmark 200] [--k 4] [--seed 0] [--sft-set KEY=VALUE ...] [--gppo-set KEY=VALUE ...]
-        [--threads N] [--skip-rl] [--workdir DIR]
+        [--threads N] [--skip-rl] [--workdir DIR [--reuse-sft]] [--model-set FIELD=INT ...] [--json FILE]
 
 Builds the tiny model (klear/demo/tiny_model.py SPECS[--spec]), generates the demo data (column addition
 with worked solutions, klear/demo/tasks.py), evaluates the base model on the held-out split
@@ -13,6 +13,12 @@ Evaluation: transformers generation of k samples per held-out problem (temperatu
 `klear evaluate` samples; --greedy for one greedy answer each), judged by the math verifier (last \\boxed{}
 after </think>); avg@k in percent with the standard error over problems. Prints each phase's seconds and
 the load average around it: on a shared machine the seconds say more about the neighbours than the code.
+Then the gains SFT - base and RL - SFT with their paired standard errors (the same problems before and after).
+
+Measured with the defaults (2000 training problems, 200 held out, k=4, one torch thread, seeds 0/1/2 of data,
+model and training): base 0 %; SFT (8 epochs, 2-3 min) 78 / 66 / 71 %; RL 80 steps (3-4 min) 98 / 93 / - %,
+100 steps 98 / 96 / 89 %.
+`--reuse-sft --workdir DIR` reruns only RL (and its evaluations) on an earlier run's data and SFT model.
 """
 
 from __future__ import annotations
@@ -123,6 +129,8 @@ def run(args: argparse.Namespace, root: Path) -> list[Phase]:
         train = [str(root / "data" / "arithmetic.jsonl")]
         score(str(root / "sft"), "sft", phases, held_out, args)
         return rl(args, root, train, held_out, phases)
+    for name in ("base", "data", "sft", "w-sft"):  # a finished SFT output there would be resumed, not retrained
+        shutil.rmtree(root / name, ignore_errors=True)
     spec = SPECS[args.spec]
     if args.model_set:
         sizes: dict[str, Any] = {k: int(v) for k, v in (kv.split("=", 1) for kv in args.model_set)}
