@@ -15,27 +15,13 @@ import pytest
 
 from klear.common.workers import Reply, WorkerPool, scrubbed_env
 from klear.verifiers import MathVerifier, VerifierConfig
+from tests.processes import alive, gone_soon
 
 WORKER = "tests.common.pool_worker"
 BUDGET_S = 1.0
 SECRETS = {"AWS_ACCESS_KEY_ID": "a", "AWS_SECRET_ACCESS_KEY": "s", "HF_TOKEN": "t", "WANDB_API_KEY": "k",
            "MY_SECRET": "m", "API_KEY": "k2", "DB_PASSWORD": "p"}
 SECRET_NAME = re.compile(r"^AWS_|TOKEN|SECRET|KEY|PASSW", re.IGNORECASE)
-
-
-def _alive(pid: int) -> bool:
-    """Running (a zombie nobody reaped counts as gone)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, IndexError):
-        return False
-
-
-def _gone_soon(pid: int, within_s: float = 3.0) -> bool:
-    deadline = time.monotonic() + within_s
-    while _alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return not _alive(pid)
 
 
 def _value(value: object, sleep: float = 0.0) -> dict:
@@ -106,7 +92,7 @@ def test_overrun_kills_the_worker_and_its_children(pool: WorkerPool, tmp_path: P
     assert reply.status == "timeout" and not reply.ok
     assert (pool.timeouts, pool.last_timeouts, pool.last_errors) == (before + 1, 1, 0)
     worker, child = map(int, pid_file.read_text().split())
-    assert _gone_soon(worker) and _gone_soon(child)
+    assert gone_soon(worker) and gone_soon(child)
     assert worker not in pool.pids()
     again = pool.run([_value("a"), _value("b")])
     assert [r.value[0] for r in again] == ["a", "b"] and pool.last_timeouts == 0
@@ -131,7 +117,7 @@ def test_worker_dying_mid_item_gives_an_error_and_is_replaced(pool: WorkerPool) 
     assert died.status == "error" and "died (exit status 7)" in died.message
     assert [r.value[0] for r in fine] == [1, 2, 3]
     assert (pool.errors, pool.last_errors) == (before + 1, 1)
-    assert len(pool.pids()) == 2 and all(_alive(pid) for pid in pool.pids())
+    assert len(pool.pids()) == 2 and all(alive(pid) for pid in pool.pids())
 
 
 def test_worker_dead_while_idle_is_replaced_and_the_item_waits() -> None:
@@ -139,7 +125,7 @@ def test_worker_dead_while_idle_is_replaced_and_the_item_waits() -> None:
         [first] = p.run([_value(0)])
         old = first.value[1]
         os.kill(old, signal.SIGKILL)
-        assert _gone_soon(old)
+        assert gone_soon(old)
         [reply] = p.run([_value(1)])
         assert reply.ok and reply.value[0] == 1 and reply.value[1] != old
         assert p.last_errors == 0
@@ -177,7 +163,7 @@ def test_per_worker_setup_and_lazy_start() -> None:
         replies = p.run([{"action": "setup", "sleep": 0.3}] * 3)  # all ready first, so one item each
         assert sorted(r.value["index"] for r in replies) == [0, 1, 2]
         pids = p.pids()
-    assert p.pids() == [] and not any(_alive(pid) for pid in pids)
+    assert p.pids() == [] and not any(alive(pid) for pid in pids)
 
 
 # --- order and threads ------------------------------------------------------------------------------------

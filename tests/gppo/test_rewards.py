@@ -24,6 +24,7 @@ from klear.gppo.rewards import (
 )
 from klear.verifiers.code_verifier import CodeResult
 from klear.verifiers.config import VerifierConfig
+from tests.processes import alive, gone_soon
 
 TINY = load_config(VerifierConfig, "tiny")
 PAPER = RewardConfig()
@@ -31,21 +32,6 @@ OFFICIAL = RewardConfig(official_format_penalties=True)
 HOSTILE = RewardConfig(workers=2, budget_s=1.0, timeout_reward=-0.25, scorer="tests.gppo.hostile_scorers:act")
 
 GOOD = "<think>\nreasoning\n</think>\nanswer"
-
-
-def _alive(pid: int) -> bool:
-    """Running (a zombie nobody reaped counts as gone)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, IndexError):
-        return False
-
-
-def _gone_soon(pid: int, within_s: float = 3.0) -> bool:
-    deadline = time.monotonic() + within_s
-    while _alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return not _alive(pid)
 
 
 # --- scoring rules ----------------------------------------------------------------------------------------
@@ -225,7 +211,7 @@ def test_hanging_scorer_is_killed_and_replaced(hostile_pool: RewardPool, tmp_pat
     assert (out.reward, out.correct, out.timed_out, out.format_ok, out.reason) == (-0.25, False, True, True,
                                                                                    "timeout")
     assert (hostile_pool.timeouts, hostile_pool.last_timeouts) == (before + 1, 1)
-    assert _gone_soon(int(pid_file.read_text()))
+    assert gone_soon(int(pid_file.read_text()))
     again = hostile_pool.score([{"action": "value", "value": 0.5}, {"action": "value", "value": 0.75}])
     assert [o.reward for o in again] == [0.5, 0.75] and hostile_pool.last_timeouts == 0
 
@@ -234,7 +220,7 @@ def test_children_of_a_killed_worker_die_with_it(hostile_pool: RewardPool, tmp_p
     pid_file = tmp_path / "child.pid"
     [out] = hostile_pool.score([{"action": "spawn_and_hang", "pid_file": str(pid_file)}])
     assert out.timed_out
-    assert _gone_soon(int(pid_file.read_text()))
+    assert gone_soon(int(pid_file.read_text()))
 
 
 def test_crashing_worker_gives_an_error_outcome(hostile_pool: RewardPool) -> None:
@@ -266,7 +252,7 @@ def test_order_is_kept_across_workers_and_close_stops_them() -> None:
         assert [o.reward for o in outcomes] == [float(i) for i in range(len(sleeps))]
         pids = {int(o.reason.split()[1]) for o in outcomes}
         assert len({int(o.reason.split()[1]) for o in outcomes[:3]}) == 3  # the first three ran at once
-    assert not any(_alive(pid) for pid in pids)
+    assert not any(alive(pid) for pid in pids)
 
 
 def test_scorer_that_cannot_load_is_a_clear_error() -> None:
