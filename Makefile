@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install demo stage test test-fast typecheck pipeline bench clean
+.PHONY: install demo stage test test-fast typecheck pipeline bench gpu-check clean
 
 install: $(STAMP)
 
@@ -48,6 +48,12 @@ bench: install
 	$(BIN)/python benchmarks/gpu/bench_vllm_sample.py
 	$(BIN)/python benchmarks/bench_judge.py
 	$(BIN)/python benchmarks/bench_evaluate.py
+
+# The GPU paths on one GPU: vLLM sampling through `klear sample`, bf16 SFT steps, GPPO steps with colocated vLLM
+# rollouts, with their figures; a message and exit 0 without a GPU or vLLM. In the GPU image, where the packages
+# are installed system-wide: python benchmarks/gpu/gpu_check.py
+gpu-check: install
+	$(BIN)/python benchmarks/gpu/gpu_check.py
 
 clean:
 	rm -rf runs pipelines/compiled .pytest_cache

@@ -9,14 +9,23 @@
 `make demo` runs klear-reasoner itself, on the demo's synthetic sources and tiny model with the tiny presets
 (pipelines/demo.py); there is no separate demo wiring.
 
-Cluster-only settings (images, resources, secrets, retries) are set here; kfp.local ignores them, so the very
-same DAG runs on a laptop CPU. Resources of the GPU stages are decided at run time: GPUs, CPU and memory are
-pipeline parameters (strings, the only kind the KFP driver resolves into a pod's resources), and the same GPU
-parameter tells a training component how many processes to launch. "0" GPUs runs on CPU in the pod.
+Cluster-only settings (images, resources, secrets, retries, scheduling) are set here; kfp.local ignores them,
+so the very same DAG runs on a laptop CPU. Resources of the GPU stages are decided at run time: GPUs, CPU and
+memory are pipeline parameters (strings, the only kind the KFP driver resolves into a pod's resources), and the
+same GPU parameter tells a training component how many processes to launch. "0" GPUs runs on CPU in the pod.
+
+Every stage publishes to `<run_root>/<run id>/<stage>` as it goes, so a retried pod resumes; `run_root` is
+required. The run id reaches the pods as KLEAR_RUN_ID from their `pipeline/runid` label, not as a task
+parameter, which would change every run and keep KFP from ever caching a deterministic stage.
 """
+
+import os
+
 
 from kfp import dsl
 
+from klear.common.images import GPU_IMAGE
+from klear.common.kfp_io import API_ENV, IMAGE_ENV, POD_NAME_ENV, POD_UID_ENV, RUN_ID_ENV, RUNTIME_ENV
 from klear.curate.component import curate
 from klear.evaluate.component import evaluate, evaluation_prompts
 from klear.gppo.component import gppo
@@ -25,6 +34,7 @@ from klear.rl_filter.component import rl_filter
 from klear.sample.component import sample
 from klear.sft.component import sft
 from klear.sft_data.component import sft_data
+from klear.training.component import launcher_resources
 
 S3_SECRET = "klear-s3"  # the Helm chart's Secret: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL, AWS_REGION
 S3_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL", "AWS_REGION")
@@ -35,7 +45,10 @@ UNTRUSTED_CODE_LABEL = "klear.io/runs-untrusted-code"  # the chart's NetworkPoli
 GPU_RESOURCE = "nvidia.com/gpu"
 # Defaults of one 8-GPU node (H100/H200 class): what the recipe needs, well below what such a node has.
 GPUS, SFT_CPU, RL_CPU, SAMPLE_CPU, NODE_MEMORY = "8", "64", "96", "32", "512Gi"  # RL scores rollouts on CPU workers
-JOB_ID = dsl.PIPELINE_JOB_ID_PLACEHOLDER
+RUN_ID_LABEL = "metadata.labels['pipeline/runid']"  # set by the KFP backend on every pod of a run
+# Kubeflow Trainer settings of multi-node training, fixed when compiling: KLEAR_TRAINER_API=v2 makes TrainJobs
+# (Trainer >= v2.1) on the runtime KLEAR_TRAINER_RUNTIME; otherwise PyTorchJobs (Training Operator v1).
+TRAINER_SETTINGS = {key: os.environ[key] for key in (API_ENV, RUNTIME_ENV) if os.environ.get(key)}
 
 
 # --------------------------------------------------------------------------- cluster settings
@@ -47,19 +60,42 @@ def _on_cluster(task: dsl.PipelineTask, cpu, memory) -> dsl.PipelineTask:
 
     task.set_cpu_request(cpu).set_cpu_limit(cpu).set_memory_request(memory).set_memory_limit(memory)
     kubernetes.use_secret_as_env(task, secret_name=S3_SECRET, secret_key_to_env={k: k for k in S3_KEYS})
+    kubernetes.use_field_path_as_env(task, RUN_ID_ENV, RUN_ID_LABEL)
     return task
 
 
-def _on_gpu_node(task: dsl.PipelineTask, gpus, cpu, memory) -> dsl.PipelineTask:
-    """A GPU stage, sized at run time: GPUs, CPU and memory, a RAM-backed /dev/shm for NCCL and vLLM, and
-    retries (a preempted pod resumes from what it published: checkpoints, sample shards)."""
+def _on_gpu_node(task: dsl.PipelineTask, gpus, cpu, memory, scheduling) -> dsl.PipelineTask:
+    """A GPU stage, sized at run time: GPUs, CPU and memory, a RAM-backed /dev/shm for NCCL and vLLM, the GPU
+    nodes' selector and tolerations (pipeline parameters), and retries (a preempted pod resumes from what it
+    published: checkpoints, sample shards)."""
     from kfp import kubernetes
 
+    node_selector, tolerations = scheduling
+    kubernetes.add_node_selector_json(task, node_selector)
+    kubernetes.add_toleration_json(task, tolerations)
     task.set_accelerator_type(GPU_RESOURCE).set_accelerator_limit(gpus)
     kubernetes.empty_dir_mount(task, volume_name="dshm", mount_path="/dev/shm", medium="Memory")
     task.set_retry(num_retries=3, backoff_duration="60s", backoff_factor=2)
     task.set_caching_options(False)  # long, resumable, not bit-reproducible: rerun on purpose, resume on retry
     return _on_cluster(task, cpu, memory)
+
+
+def _launches_training(task: dsl.PipelineTask, nodes, gpus, cpu, memory, scheduling) -> dsl.PipelineTask:
+    """A training stage: one node trains in this pod; more nodes, a Kubeflow Trainer job that this pod creates
+    (named after the pod, owned by it, with its scheduling and the image compiled here) while asking for
+    no GPU itself."""
+    from kfp import kubernetes
+
+    size = launcher_resources(nodes=nodes, gpus_per_node=gpus, cpu=cpu, memory=memory)
+    size.set_display_name("size the launching pod").set_caching_options(False)
+    size.set_cpu_request("100m").set_memory_request("128Mi")
+    task.after(size)  # resources read from a task's outputs are not a dependency by themselves
+    task.set_env_variable(IMAGE_ENV, GPU_IMAGE)
+    for key, value in TRAINER_SETTINGS.items():
+        task.set_env_variable(key, value)
+    kubernetes.use_field_path_as_env(task, POD_NAME_ENV, "metadata.name")
+    kubernetes.use_field_path_as_env(task, POD_UID_ENV, "metadata.uid")
+    return _on_gpu_node(task, size.outputs["gpus"], size.outputs["cpu"], size.outputs["memory"], scheduling)
 
 
 def _runs_untrusted_code(task: dsl.PipelineTask) -> dsl.PipelineTask:
@@ -85,41 +121,43 @@ def _import(uri, kind, name: str) -> dsl.PipelineTask:
 
 def _curate(sources, source_files, benchmark_uris, preset, run_root) -> dsl.PipelineTask:
     task = curate(source_data=sources, source_files=source_files, benchmark_uris=benchmark_uris, preset=preset,
-                  overrides=[], run_root=run_root, run_id=JOB_ID)
+                  overrides=[], run_root=run_root)
     return _deterministic(task.set_display_name("curate: dedup + 9-gram decontamination"), "16", "32Gi")
 
 
-def _sample(what: str, prompts, preset, overrides, run_root, gpus, cpu, memory, model=None, model_uri="",
-            endpoint="", served_model="") -> dsl.PipelineTask:
+def _sample(what: str, prompts, preset, overrides, run_root, gpus, cpu, memory, scheduling, model=None,
+            model_uri="", endpoint="", served_model="") -> dsl.PipelineTask:
     """One use of the sampling engine: a model (artifact or URI; vLLM on the pod's GPUs) or an endpoint."""
     from kfp import kubernetes
 
     arguments = dict(prompts=prompts, endpoint=endpoint, served_model=served_model, api_key_env="", name=what,
-                     preset=preset, overrides=overrides, run_root=run_root, run_id=JOB_ID, model_uri=model_uri)
+                     preset=preset, overrides=overrides, run_root=run_root, model_uri=model_uri)
     task = sample(**arguments, model=model) if model is not None else sample(**arguments)
     task.set_display_name(f"sample: {what}")
     kubernetes.use_secret_as_env(task, secret_name=ENDPOINT_SECRET, secret_key_to_env={"api-key": "OPENAI_API_KEY"},
                                  optional=True)
-    return _on_gpu_node(task, gpus, cpu, memory)
+    return _on_gpu_node(task, gpus, cpu, memory, scheduling)
 
 
-def _sft(base_model, data, preset, run_root, gpus, nodes, cpu, memory, overrides=[]) -> dsl.PipelineTask:
+def _sft(base_model, data, preset, run_root, gpus, nodes, cpu, memory, scheduling, overrides=[]) -> dsl.PipelineTask:
     task = sft(base_model=base_model, data=data, preset=preset, overrides=overrides, gpus_per_node=gpus, nodes=nodes,
-               run_root=run_root, run_id=JOB_ID)
-    return _on_gpu_node(task.set_display_name("sft: long-CoT SFT (TRL, ZeRO-3)"), gpus, cpu, memory)
+               run_root=run_root)
+    task.set_display_name("sft: long-CoT SFT (TRL, ZeRO-3)")
+    return _launches_training(task, nodes, gpus, cpu, memory, scheduling)
 
 
-def _gppo(rl_task: str, policy, data, preset, run_root, gpus, nodes, cpu, memory, overrides=[]) -> dsl.PipelineTask:
+def _gppo(rl_task: str, policy, data, preset, run_root, gpus, nodes, cpu, memory, scheduling,
+          overrides=[]) -> dsl.PipelineTask:
     """One RL run of the paper with the one gppo component: "math" (after SFT), then "code" (after math RL)."""
     task = gppo(policy=policy, data=data, task=rl_task, preset=preset, overrides=overrides, gpus_per_node=gpus,
-                nodes=nodes, run_root=run_root, run_id=JOB_ID)
+                nodes=nodes, run_root=run_root)
     task.set_display_name(f"{rl_task} RL: GPPO (TRL + vLLM)")
-    return _runs_untrusted_code(_on_gpu_node(task, gpus, cpu, memory))
+    return _runs_untrusted_code(_launches_training(task, nodes, gpus, cpu, memory, scheduling))
 
 
 def _rl_filter(rl_task: str, problems, filter_samples, benchmark_uris, preset, run_root) -> dsl.PipelineTask:
     task = rl_filter(problems=problems, filter_samples=filter_samples, task=rl_task, preset=preset, overrides=[],
-                     benchmark_uris=benchmark_uris, run_root=run_root, run_id=JOB_ID)
+                     benchmark_uris=benchmark_uris, run_root=run_root)
     task.set_display_name(f"rl-filter: {rl_task} (pass rate of the filter model)")
     return _runs_untrusted_code(_deterministic(task))
 
@@ -136,8 +174,7 @@ def _evaluate(models: dict[str, dsl.PipelineTask], benchmark_uris, preset, run_r
         inputs |= {"code_samples": code[label].outputs["samples"],
                    "baseline_code_samples": code[base_label].outputs["samples"],
                    "reference_code_samples": code[ref_label].outputs["samples"]}
-    task = evaluate(**inputs, benchmark_uris=benchmark_uris, preset=preset, overrides=[], run_root=run_root,
-                    run_id=JOB_ID, label=label, baseline_label=base_label, reference_label=ref_label, name=folder)
+    task = evaluate(**inputs, benchmark_uris=benchmark_uris, preset=preset, overrides=[], run_root=run_root, label=label, baseline_label=base_label, reference_label=ref_label, name=folder)
     task.set_display_name(name)
     return _runs_untrusted_code(_deterministic(task))
 
@@ -153,6 +190,7 @@ def klear_pipeline(
     reference_model_uri: str,
     rl_math_uri: str,
     rl_code_uri: str,
+    run_root: str,
     teacher_model_uri: str = "",
     teacher_endpoint: str = "",
     teacher_served_model: str = "",
@@ -174,7 +212,8 @@ def klear_pipeline(
     gppo_overrides: list = [],
     evaluate_preset: str = "paper",
     evaluate_code: bool = False,
-    run_root: str = "",
+    gpu_node_selector: dict = {},
+    gpu_tolerations: list = [],
     sample_gpus: str = GPUS,
     sample_cpu: str = SAMPLE_CPU,
     sample_memory: str = NODE_MEMORY,
@@ -220,7 +259,11 @@ def klear_pipeline(
         evaluate_preset: evaluation protocol (paper: avg@64 math, avg@8 LiveCodeBench, 32K; paper-64k: YaRN).
         evaluate_code: Also sample and score LiveCodeBench (needs its files among benchmark_uris).
         run_root: Object-storage root of stage outputs (s3://bucket/runs): outputs and checkpoints go to
-            <run_root>/<run id>/<stage>, so a retried pod resumes. Empty: the KFP artifact store.
+            <run_root>/<run id>/<stage> as they are made, so a retried pod resumes where its predecessor stopped.
+        gpu_node_selector: Node labels the GPU pods (sampling, training) must match, e.g.
+            {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}; multi-node training jobs inherit them.
+        gpu_tolerations: Tolerations of the GPU pods, e.g. [{"key": "nvidia.com/gpu", "operator": "Exists",
+            "effect": "NoSchedule"}]; multi-node training jobs inherit them.
         sample_gpus: GPUs of each sampling pod ("0" for an endpoint or imported traces).
         sample_cpu: CPU of each sampling pod.
         sample_memory: Memory of each sampling pod.
@@ -233,7 +276,8 @@ def klear_pipeline(
         rl_cpu: CPU per RL node.
         rl_memory: Memory per RL node.
     """
-    sampling = (sample_gpus, sample_cpu, sample_memory)
+    scheduling = (gpu_node_selector, gpu_tolerations)
+    sampling = (sample_gpus, sample_cpu, sample_memory, scheduling)
     sources = _import(sources_uri, dsl.Dataset, "prompt sources")
     base = _import(base_model_uri, dsl.Model, "base model")
     curated = _curate(sources.output, source_files, benchmark_uris, curate_preset, run_root).outputs["curated"]
@@ -244,11 +288,10 @@ def klear_pipeline(
     reference = _sample("reference", curated, sample_preset, reference_overrides, run_root, *sampling,
                         model_uri=reference_model_uri)
     records = sft_data(teacher_samples=teacher.outputs["samples"], reference_samples=reference.outputs["samples"],
-                       target_model=base.output, preset=sft_data_preset, overrides=[], run_root=run_root,
-                       run_id=JOB_ID)
+                       target_model=base.output, preset=sft_data_preset, overrides=[], run_root=run_root)
     _runs_untrusted_code(_deterministic(records.set_display_name("sft-data: difficulty and policy")))
     tuned = _sft(base.output, records.outputs["records"], sft_preset, run_root, sft_gpus_per_node, sft_nodes,
-                 sft_cpu, sft_memory, sft_overrides)
+                 sft_cpu, sft_memory, scheduling, sft_overrides)
 
     # RL data: problems the filter model solves reliably (label noise out), then math RL, then code RL.
     rl_data = {}
@@ -260,13 +303,13 @@ def klear_pipeline(
         rl_data[rl_task] = _rl_filter(rl_task, problems.output, filtered.outputs["samples"], benchmark_uris,
                                       rl_filter_preset, run_root).outputs["rl_data"]
     math_rl = _gppo("math", tuned.outputs["model"], rl_data["math"], gppo_math_preset, run_root, rl_gpus_per_node,
-                    rl_nodes, rl_cpu, rl_memory, gppo_overrides)
+                    rl_nodes, rl_cpu, rl_memory, scheduling, gppo_overrides)
     code_rl = _gppo("code", math_rl.outputs["model"], rl_data["code"], gppo_code_preset, run_root,
-                    rl_gpus_per_node, rl_nodes, rl_cpu, rl_memory, gppo_overrides)
+                    rl_gpus_per_node, rl_nodes, rl_cpu, rl_memory, scheduling, gppo_overrides)
 
     # Evaluation under the paper's protocol: the final model beside SFT and the base model.
     prompts = evaluation_prompts(benchmark_uris=benchmark_uris, preset=evaluate_preset, overrides=[],
-                                 run_root=run_root, run_id=JOB_ID)
+                                 run_root=run_root)
     _deterministic(prompts.set_display_name("evaluate: benchmark prompts"), "2", "8Gi")
     models = {"rl": code_rl.outputs["model"], "sft": tuned.outputs["model"], "base": base.output}
 
@@ -283,107 +326,232 @@ def klear_pipeline(
 
 
 # --------------------------------------------------------------------------- single-stage reruns
-
+# Each takes its inputs as URIs (an earlier run's outputs: <run_root>/<run id>/<stage>) and writes a new run.
 
 @dsl.pipeline(name="klear-curate", description="Rerun curate alone on existing prompt sources")
-def curate_pipeline(sources_uri: str, source_files: list, benchmark_uris: list = [], preset: str = "paper",
-                    run_root: str = "") -> dsl.Dataset:
+def curate_pipeline(sources_uri: str, source_files: list, run_root: str, benchmark_uris: list = [],
+                    preset: str = "paper") -> dsl.Dataset:
+    """Exact dedup and 9-gram decontamination of prompt sources.
+
+    Args:
+        sources_uri: Folder of prompt sources (s3://...).
+        source_files: Its files, each with an optional field mapping, e.g. "numina.jsonl#prompt=problem".
+        run_root: Object-storage root of this run's outputs (s3://bucket/runs).
+        benchmark_uris: Test sets to decontaminate against; empty: the shipped AIME24/AIME25/HMMT25.
+        preset: curate config (paper, tiny) or a YAML path.
+    """
     sources = _import(sources_uri, dsl.Dataset, "prompt sources")
     return _curate(sources.output, source_files, benchmark_uris, preset, run_root).outputs["curated"]
 
 
 @dsl.pipeline(name="klear-sample", description="Rerun sampling alone: a model or an endpoint on existing prompts")
-def sample_pipeline(prompts_uri: str, name: str = "teacher", model_uri: str = "", endpoint: str = "",
-                    served_model: str = "", preset: str = "paper", overrides: list = [], run_root: str = "",
-                    gpus: str = GPUS, cpu: str = SAMPLE_CPU, memory: str = NODE_MEMORY) -> dsl.Dataset:
+def sample_pipeline(prompts_uri: str, run_root: str, name: str = "teacher", model_uri: str = "", endpoint: str = "",
+                    served_model: str = "", preset: str = "paper", overrides: list = [], gpus: str = GPUS,
+                    cpu: str = SAMPLE_CPU, memory: str = NODE_MEMORY, gpu_node_selector: dict = {},
+                    gpu_tolerations: list = []) -> dsl.Dataset:
+    """n responses per prompt from a model folder (vLLM on the pod's GPUs) or an OpenAI-compatible endpoint.
+
+    Args:
+        prompts_uri: Prompts: a curate output or a folder of JSONL/Parquet files with `id` and `prompt`.
+        run_root: Object-storage root of this run's outputs (s3://bucket/runs).
+        name: What the samples are for (teacher, reference, filter-math): names the output folder.
+        model_uri: The model to sample, a Hugging Face folder (s3://...); or give an endpoint.
+        endpoint: OpenAI-compatible API root, e.g. http://teacher:8000/v1 (key from the Secret klear-endpoint).
+        served_model: The model name the endpoint serves.
+        preset: Sampling config (paper: T 0.6, top_p 0.95, 32K tokens, n 16).
+        overrides: Config overrides, "key=value" (e.g. "n=8", "backend=records").
+        gpus: GPUs of the sampling pod ("0" for an endpoint).
+        cpu: CPU of the sampling pod.
+        memory: Memory of the sampling pod.
+        gpu_node_selector: Node labels the GPU pod must match.
+        gpu_tolerations: Tolerations of the GPU pod.
+    """
     prompts = _import(prompts_uri, dsl.Dataset, "prompts")
-    return _sample(name, prompts.output, preset, overrides, run_root, gpus, cpu, memory, model_uri=model_uri,
-                   endpoint=endpoint, served_model=served_model).outputs["samples"]
+    return _sample(name, prompts.output, preset, overrides, run_root, gpus, cpu, memory,
+                   (gpu_node_selector, gpu_tolerations), model_uri=model_uri, endpoint=endpoint,
+                   served_model=served_model).outputs["samples"]
 
 
 @dsl.pipeline(name="klear-judge", description="Rerun judging alone on existing samples")
-def judge_pipeline(samples_uri: str, problems_uri: str = "", preset: str = "paper", overrides: list = [],
-                   run_root: str = "") -> dsl.Dataset:
+def judge_pipeline(samples_uri: str, run_root: str, problems_uri: str = "", preset: str = "paper",
+                   overrides: list = []) -> dsl.Dataset:
+    """Pass rates of saved samples: math answers by math-verify, programs in the sandbox.
+
+    Args:
+        samples_uri: A `klear sample` output.
+        run_root: Object-storage root of this run's outputs (s3://bucket/runs).
+        problems_uri: Problems with answers/tests, when the samples' prompts do not carry them.
+        preset: judge config (paper, tiny).
+        overrides: Config overrides, "key=value".
+    """
     samples = _import(samples_uri, dsl.Dataset, "samples")
     task = judge(samples=samples.output, problems_uri=problems_uri, preset=preset, overrides=overrides,
-                 run_root=run_root, run_id=JOB_ID)
+                 run_root=run_root)
     return _runs_untrusted_code(_deterministic(task.set_display_name("judge"))).outputs["judged"]
 
 
 @dsl.pipeline(name="klear-sft-data", description="Rerun sft-data alone on existing teacher and reference samples")
-def sft_data_pipeline(teacher_samples_uri: str, reference_samples_uri: str, target_model_uri: str,
-                      preset: str = "paper", overrides: list = [], run_root: str = "") -> dsl.Dataset:
+def sft_data_pipeline(teacher_samples_uri: str, reference_samples_uri: str, target_model_uri: str, run_root: str,
+                      preset: str = "paper", overrides: list = []) -> dsl.Dataset:
+    """SFT records from teacher samples, with difficulty from the reference model's pass rate.
+
+    Args:
+        teacher_samples_uri: The teacher's `klear sample` output.
+        reference_samples_uri: The reference model's `klear sample` output on the same prompts.
+        target_model_uri: The model to be trained (its tokenizer measures lengths).
+        run_root: Object-storage root of this run's outputs (s3://bucket/runs).
+        preset: sft-data config (paper, tiny).
+        overrides: Config overrides, e.g. ["policy=drop_incorrect"] (keep_all, drop_incorrect_on_easy, drop_incorrect).
+    """
     teacher = _import(teacher_samples_uri, dsl.Dataset, "teacher samples")
     reference = _import(reference_samples_uri, dsl.Dataset, "reference samples")
     target = _import(target_model_uri, dsl.Model, "target model (tokenizer)")
     task = sft_data(teacher_samples=teacher.output, reference_samples=reference.output, target_model=target.output,
-                    preset=preset, overrides=overrides, run_root=run_root, run_id=JOB_ID)
+                    preset=preset, overrides=overrides, run_root=run_root)
     return _runs_untrusted_code(_deterministic(task.set_display_name("sft-data"))).outputs["records"]
 
 
 @dsl.pipeline(name="klear-sft", description="Rerun SFT alone on an existing model and SFT data")
-def sft_pipeline(base_model_uri: str, data_uri: str, preset: str = "paper", overrides: list = [],
-                 run_root: str = "", gpus_per_node: str = GPUS, nodes: int = 1, cpu: str = SFT_CPU,
-                 memory: str = NODE_MEMORY) -> dsl.Model:
-    """`gpus_per_node` (a whole number), `cpu` and `memory` (Kubernetes quantities) size each training node."""
+def sft_pipeline(base_model_uri: str, data_uri: str, run_root: str, preset: str = "paper", overrides: list = [],
+                 gpus_per_node: str = GPUS, nodes: int = 1, cpu: str = SFT_CPU, memory: str = NODE_MEMORY,
+                 gpu_node_selector: dict = {}, gpu_tolerations: list = []) -> dsl.Model:
+    """Long-CoT SFT.
+
+    Args:
+        base_model_uri: The model to train, a Hugging Face folder (s3://...).
+        data_uri: SFT records: an sft-data output.
+        run_root: Object-storage root of this run's outputs and checkpoints (s3://bucket/runs).
+        preset: sft config (paper, tiny, demo).
+        overrides: Config overrides, "key=value".
+        gpus_per_node: GPUs per training node (a whole number).
+        nodes: Training nodes (more than 1: a Kubeflow Trainer job).
+        cpu: CPU per training node.
+        memory: Memory per training node.
+        gpu_node_selector: Node labels the training pods must match.
+        gpu_tolerations: Tolerations of the training pods.
+    """
     base = _import(base_model_uri, dsl.Model, "base model")
     data = _import(data_uri, dsl.Dataset, "SFT data")
     return _sft(base.output, data.output, preset, run_root, gpus_per_node, nodes, cpu, memory,
-                overrides).outputs["model"]
+                (gpu_node_selector, gpu_tolerations), overrides).outputs["model"]
 
 
 @dsl.pipeline(name="klear-rl-filter", description="Rerun RL data filtering alone on existing problems and samples")
-def rl_filter_pipeline(problems_uri: str, filter_samples_uri: str, task: str = "math", benchmark_uris: list = [],
-                       preset: str = "paper", run_root: str = "") -> dsl.Dataset:
+def rl_filter_pipeline(problems_uri: str, filter_samples_uri: str, run_root: str, task: str = "math",
+                       benchmark_uris: list = [], preset: str = "paper") -> dsl.Dataset:
+    """RL problems the filter model solves reliably, decontaminated against the test sets.
+
+    Args:
+        problems_uri: Candidate RL problems (math with `answer`, code with `tests`).
+        filter_samples_uri: The filter model's `klear sample` output on them.
+        run_root: Object-storage root of this run's outputs (s3://bucket/runs).
+        task: math or code.
+        benchmark_uris: Test sets to decontaminate against; empty: the shipped AIME24/AIME25/HMMT25.
+        preset: rl-filter config (paper, tiny).
+    """
     problems = _import(problems_uri, dsl.Dataset, "RL problems")
     samples = _import(filter_samples_uri, dsl.Dataset, "filter-model samples")
     return _rl_filter(task, problems.output, samples.output, benchmark_uris, preset, run_root).outputs["rl_data"]
 
 
-def _rl_rerun(rl_task, model_uri, data_uri, preset, overrides, run_root, gpus_per_node, nodes, cpu, memory) -> dsl.Model:
+def _rl_rerun(rl_task, model_uri, data_uri, preset, overrides, run_root, gpus_per_node, nodes, cpu, memory,
+              scheduling) -> dsl.Model:
     policy = _import(model_uri, dsl.Model, "policy")
     data = _import(data_uri, dsl.Dataset, f"{rl_task} RL data")
     return _gppo(rl_task, policy.output, data.output, preset, run_root, gpus_per_node, nodes, cpu, memory,
-                 overrides).outputs["model"]
+                 scheduling, overrides).outputs["model"]
 
 
 @dsl.pipeline(name="klear-gppo-math", description="Rerun math RL alone on an existing model and math RL data")
-def gppo_math_pipeline(model_uri: str, data_uri: str, preset: str = "math", overrides: list = [],
-                       run_root: str = "", gpus_per_node: str = GPUS, nodes: int = 1, cpu: str = RL_CPU,
-                       memory: str = NODE_MEMORY) -> dsl.Model:
-    """`overrides` are config `key=value` pairs, e.g. ["loss=cispo"] for an ablation arm."""
-    return _rl_rerun("math", model_uri, data_uri, preset, overrides, run_root, gpus_per_node, nodes, cpu, memory)
+def gppo_math_pipeline(model_uri: str, data_uri: str, run_root: str, preset: str = "math", overrides: list = [],
+                       gpus_per_node: str = GPUS, nodes: int = 1, cpu: str = RL_CPU, memory: str = NODE_MEMORY,
+                       gpu_node_selector: dict = {}, gpu_tolerations: list = []) -> dsl.Model:
+    """Math RL with GPPO.
+
+    Args:
+        model_uri: The policy to train (the SFT model), a Hugging Face folder (s3://...).
+        data_uri: Math RL problems: an rl-filter output.
+        run_root: Object-storage root of this run's outputs and checkpoints (s3://bucket/runs).
+        preset: gppo config (math, tiny-math, demo-math).
+        overrides: Config overrides, e.g. ["loss=cispo"] for an ablation arm.
+        gpus_per_node: GPUs per training node (a whole number).
+        nodes: Training nodes (more than 1: a Kubeflow Trainer job).
+        cpu: CPU per training node (reward workers score on CPU).
+        memory: Memory per training node.
+        gpu_node_selector: Node labels the training pods must match.
+        gpu_tolerations: Tolerations of the training pods.
+    """
+    return _rl_rerun("math", model_uri, data_uri, preset, overrides, run_root, gpus_per_node, nodes, cpu, memory,
+                     (gpu_node_selector, gpu_tolerations))
 
 
 @dsl.pipeline(name="klear-gppo-code", description="Rerun code RL alone on an existing model and code RL data")
-def gppo_code_pipeline(model_uri: str, data_uri: str, preset: str = "code", overrides: list = [],
-                       run_root: str = "", gpus_per_node: str = GPUS, nodes: int = 1, cpu: str = RL_CPU,
-                       memory: str = NODE_MEMORY) -> dsl.Model:
-    """`overrides` are config `key=value` pairs, e.g. ["loss=clip_higher"] for an ablation arm."""
-    return _rl_rerun("code", model_uri, data_uri, preset, overrides, run_root, gpus_per_node, nodes, cpu, memory)
+def gppo_code_pipeline(model_uri: str, data_uri: str, run_root: str, preset: str = "code", overrides: list = [],
+                       gpus_per_node: str = GPUS, nodes: int = 1, cpu: str = RL_CPU, memory: str = NODE_MEMORY,
+                       gpu_node_selector: dict = {}, gpu_tolerations: list = []) -> dsl.Model:
+    """Code RL with GPPO (programs run in the sandbox).
+
+    Args:
+        model_uri: The policy to train (the math RL model), a Hugging Face folder (s3://...).
+        data_uri: Code RL problems: an rl-filter output.
+        run_root: Object-storage root of this run's outputs and checkpoints (s3://bucket/runs).
+        preset: gppo config (code, tiny-code).
+        overrides: Config overrides, e.g. ["loss=clip_higher"] for an ablation arm.
+        gpus_per_node: GPUs per training node (a whole number).
+        nodes: Training nodes (more than 1: a Kubeflow Trainer job).
+        cpu: CPU per training node (reward workers run programs on CPU).
+        memory: Memory per training node.
+        gpu_node_selector: Node labels the training pods must match.
+        gpu_tolerations: Tolerations of the training pods.
+    """
+    return _rl_rerun("code", model_uri, data_uri, preset, overrides, run_root, gpus_per_node, nodes, cpu, memory,
+                     (gpu_node_selector, gpu_tolerations))
 
 
 @dsl.pipeline(name="klear-evaluate", description="Evaluate one model: sample the benchmarks, then score them")
-def evaluate_pipeline(model_uri: str, benchmark_uris: list = [], preset: str = "paper", sample_preset: str = "paper",
-                      run_root: str = "", gpus: str = GPUS, cpu: str = SAMPLE_CPU,
-                      memory: str = NODE_MEMORY) -> dsl.Markdown:
+def evaluate_pipeline(model_uri: str, run_root: str, benchmark_uris: list = [], preset: str = "paper",
+                      sample_preset: str = "paper", gpus: str = GPUS, cpu: str = SAMPLE_CPU, memory: str = NODE_MEMORY,
+                      gpu_node_selector: dict = {}, gpu_tolerations: list = []) -> dsl.Markdown:
+    """AIME/HMMT pass@1 (avg@k) of one model under the paper's protocol.
+
+    Args:
+        model_uri: The model to evaluate, a Hugging Face folder (s3://...).
+        run_root: Object-storage root of this run's outputs (s3://bucket/runs).
+        benchmark_uris: Test sets; empty: the shipped AIME24/AIME25/HMMT25.
+        preset: Evaluation protocol (paper: avg@64, 32K; paper-64k: YaRN).
+        sample_preset: Sampling config of the model.
+        gpus: GPUs of the sampling pod.
+        cpu: CPU of the sampling pod.
+        memory: Memory of the sampling pod.
+        gpu_node_selector: Node labels the GPU pod must match.
+        gpu_tolerations: Tolerations of the GPU pod.
+    """
     model = _import(model_uri, dsl.Model, "model")
-    prompts = evaluation_prompts(benchmark_uris=benchmark_uris, preset=preset, overrides=[], run_root=run_root,
-                                 run_id=JOB_ID)
+    prompts = evaluation_prompts(benchmark_uris=benchmark_uris, preset=preset, overrides=[], run_root=run_root)
     _deterministic(prompts.set_display_name("evaluate: benchmark prompts"), "2", "8Gi")
     math = _sample("eval-math", prompts.outputs["math_prompts"], sample_preset,
-                   prompts.outputs["math_sample_overrides"], run_root, gpus, cpu, memory, model=model.output)
+                   prompts.outputs["math_sample_overrides"], run_root, gpus, cpu, memory,
+                   (gpu_node_selector, gpu_tolerations), model=model.output)
     task = evaluate(samples=math.outputs["samples"], benchmark_uris=benchmark_uris, preset=preset, overrides=[],
-                    run_root=run_root, run_id=JOB_ID, label="model")
+                    run_root=run_root, label="model")
     return _runs_untrusted_code(_deterministic(task.set_display_name("evaluate"))).outputs["summary"]
 
 
 @dsl.pipeline(name="klear-evaluate-samples", description="Rescore saved samples (no sampling)")
-def evaluate_samples_pipeline(samples_uri: str, benchmark_uris: list = [], preset: str = "paper",
-                              label: str = "model", run_root: str = "") -> dsl.Markdown:
+def evaluate_samples_pipeline(samples_uri: str, run_root: str, benchmark_uris: list = [], preset: str = "paper",
+                              label: str = "model") -> dsl.Markdown:
+    """Score saved samples of a model again (another protocol, a fixed verifier) without sampling.
+
+    Args:
+        samples_uri: A `klear sample` output on evaluation prompts (e.g. <run>/sample-eval-rl-math).
+        run_root: Object-storage root of this run's outputs (s3://bucket/runs).
+        benchmark_uris: The test sets the samples answer; empty: the shipped AIME24/AIME25/HMMT25.
+        preset: Evaluation protocol (paper, demo).
+        label: The model's name in the report.
+    """
     samples = _import(samples_uri, dsl.Dataset, "samples")
     task = evaluate(samples=samples.output, benchmark_uris=benchmark_uris, preset=preset, overrides=[],
-                    run_root=run_root, run_id=JOB_ID, label=label)
+                    run_root=run_root, label=label)
     return _runs_untrusted_code(_deterministic(task.set_display_name("evaluate"))).outputs["summary"]
 
 

@@ -19,6 +19,7 @@ import argparse
 import contextlib
 import json
 import os
+import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -134,6 +135,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="plain folders instead of a SeaweedFS server")
     parser.add_argument("--quick", action="store_true", help="shorter training and evaluation (the CI test)")
     args = parser.parse_args(argv)
+    # A stopped demo (Ctrl-C, `kill`) still stops the S3 server it started: SIGTERM unwinds like Ctrl-C.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
     from pipelines.compile import compile_all
     from pipelines.run_local import run_compiled

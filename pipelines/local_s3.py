@@ -71,6 +71,7 @@ class SeaweedS3:
 
 
 def start(workdir: Path, timeout: float = 60.0) -> SeaweedS3:
+    workdir = workdir.resolve()  # the server runs inside workdir: a relative path would be read from there
     workdir.mkdir(parents=True, exist_ok=True)
     config = workdir / "s3.json"
     config.write_text(json.dumps({"identities": [{

@@ -1,9 +1,13 @@
 """Run a compiled pipeline end to end on this machine with kfp.local (no cluster, CPU).
 
     python -m pipelines.run_local klear-curate --workdir runs/curate [--run-root s3://bucket/runs] [--arg k=v ...]
+        [--cache]
 
 Runs the YAML under pipelines/compiled/ (compile first: `make pipeline`), exactly what the
-cluster runs, with kfp.local's SubprocessRunner in this Python environment.
+cluster runs, with kfp.local's SubprocessRunner in this Python environment. Each run gets a fresh
+run id (KLEAR_RUN_ID, what a cluster takes from the pod's pipeline/runid label), so stage outputs
+land in <run_root>/<run id>/<stage>. With --cache, a task whose inputs and settings are unchanged
+since an earlier run with the same workdir reuses that run's outputs (the deterministic stages).
 """
 
 from __future__ import annotations
@@ -11,7 +15,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
+import secrets
 import sys
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -19,10 +26,18 @@ from typing import Any
 import yaml
 
 from klear.common import storage
+from klear.common.kfp_io import RUN_ID_ENV
 from pipelines.compile import COMPILED
 
 
-def run_compiled(name: str, workdir: Path, arguments: dict[str, Any], compiled_dir: Path = COMPILED) -> Any:
+def new_run_id() -> str:
+    return f"local-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+
+
+def run_compiled(name: str, workdir: Path, arguments: dict[str, Any], compiled_dir: Path = COMPILED,
+                 cache: bool = False) -> Any:
+    """Run a compiled pipeline under kfp.local with a fresh run id; `cache` reuses unchanged tasks' outputs
+    from earlier runs in the same workdir."""
     from kfp import components, local
 
     # Expected under kfp.local: cluster-only settings are ignored and stage images are not pulled.
@@ -33,9 +48,17 @@ def run_compiled(name: str, workdir: Path, arguments: dict[str, Any], compiled_d
         raise FileNotFoundError(f"{path} not found: compile the pipelines first (make pipeline)")
     workdir.mkdir(parents=True, exist_ok=True)
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(workdir.resolve() / "kfp"),
-               raise_on_error=True)
+               raise_on_error=True, enable_caching=cache)
     pipeline = components.load_component_from_file(str(path))
-    return pipeline(**as_declared(arguments, pipeline.component_spec.inputs or {}))
+    previous = os.environ.get(RUN_ID_ENV)
+    os.environ[RUN_ID_ENV] = new_run_id()  # the tasks are subprocesses: they inherit it
+    try:
+        return pipeline(**as_declared(arguments, pipeline.component_spec.inputs or {}))
+    finally:
+        if previous is None:
+            os.environ.pop(RUN_ID_ENV, None)
+        else:
+            os.environ[RUN_ID_ENV] = previous
 
 
 def as_declared(arguments: dict[str, Any], inputs: dict[str, Any]) -> dict[str, Any]:
@@ -60,14 +83,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("pipeline", help="compiled pipeline name, e.g. klear-sft-data")
     parser.add_argument("--workdir", type=Path, default=Path("runs/local"))
-    parser.add_argument("--run-root", default="", help="where stages publish (path or s3://); default: KFP artifacts")
+    parser.add_argument("--run-root", default="", help="where stages publish (path or s3://); default: <workdir>/outputs")
     parser.add_argument("--arg", action="append", default=[], metavar="KEY=VALUE", help="pipeline argument (YAML value)")
+    parser.add_argument("--cache", action="store_true", help="reuse unchanged tasks' outputs of earlier runs")
     args = parser.parse_args(argv)
-    arguments: dict[str, Any] = {"run_root": args.run_root}
+    arguments: dict[str, Any] = {"run_root": args.run_root or str((args.workdir / "outputs").resolve())}
     for item in args.arg:
         key, _, value = item.partition("=")
         arguments[key] = yaml.safe_load(value)
-    task = run_compiled(args.pipeline, args.workdir, arguments)
+    task = run_compiled(args.pipeline, args.workdir, arguments, cache=args.cache)
     output = task.outputs if not hasattr(task, "output") else {"output": task.output}
     for name, artifact in output.items():
         location = artifact.metadata.get("uri", artifact.uri)

@@ -14,9 +14,10 @@ from tests.evaluate.helpers import TINY_SAMPLING, publish_samples
 
 
 @pytest.mark.slow
-def test_components_under_kfp_local(tiny_model: str, tmp_path: Path) -> None:
+def test_components_under_kfp_local(tiny_model: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The klear-evaluate wiring: prompts -> the sample component (the tiny model, with the protocol's overrides)
     -> evaluate, beside an imported baseline sample output."""
+    monkeypatch.setenv("KLEAR_RUN_ID", "r1")  # what the cluster takes from the pod's pipeline/runid label
     from kfp import dsl, local
 
     from klear.evaluate.component import evaluate, evaluation_prompts
@@ -28,14 +29,13 @@ def test_components_under_kfp_local(tiny_model: str, tmp_path: Path) -> None:
     @dsl.pipeline(name="klear-evaluate-test")
     def evaluation(model_uri: str, sft_uri: str, benchmark: str, run_root: str) -> None:
         model = dsl.importer(artifact_uri=model_uri, artifact_class=dsl.Model, reimport=False)
-        prompts = evaluation_prompts(benchmark_uris=[benchmark], preset="tiny", overrides=toy, run_root=run_root,
-                                     run_id="r1")
+        prompts = evaluation_prompts(benchmark_uris=[benchmark], preset="tiny", overrides=toy, run_root=run_root)
         sampled = sample(prompts=prompts.outputs["math_prompts"], model=model.output, endpoint="", served_model="",
                          api_key_env="", name="eval-math", preset="tiny", overrides=prompts.outputs["math_sample_overrides"],
-                         run_root=run_root, run_id="r1")
+                         run_root=run_root)
         baseline = dsl.importer(artifact_uri=sft_uri, artifact_class=dsl.Dataset, reimport=False)
         evaluate(samples=sampled.outputs["samples"], label="rl", baseline_samples=baseline.output, baseline_label="sft",
-                 benchmark_uris=[benchmark], preset="tiny", overrides=toy, run_root=run_root, run_id="r1")
+                 benchmark_uris=[benchmark], preset="tiny", overrides=toy, run_root=run_root)
 
     root = tmp_path / "kfp"
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(root))
@@ -67,8 +67,7 @@ def test_the_component_compiles_with_optional_slots(tmp_path: Path) -> None:
     @dsl.pipeline(name="klear-evaluate-compile")
     def single(samples_uri: str) -> None:
         imported = dsl.importer(artifact_uri=samples_uri, artifact_class=dsl.Dataset, reimport=False)
-        evaluate(samples=imported.output, benchmark_uris=[], preset="paper", overrides=[], run_root="",
-                 run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER)
+        evaluate(samples=imported.output, benchmark_uris=[], preset="paper", overrides=[], run_root="s3://runs/x")
 
     target = tmp_path / "p.yaml"
     compiler.Compiler().compile(single, str(target))

@@ -13,7 +13,8 @@ from tests.judge.samples import CORRECT, WRONG, boxed, code_record, math_record,
 
 
 @pytest.mark.slow
-def test_components_under_kfp_local(tmp_path: Path) -> None:
+def test_components_under_kfp_local(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KLEAR_RUN_ID", "r1")  # what the cluster takes from the pod's pipeline/runid label
     from kfp import dsl, local
 
     from klear.judge.component import judge
@@ -30,10 +31,10 @@ def test_components_under_kfp_local(tmp_path: Path) -> None:
     def data_stages(samples_uri: str, problems_uri: str, run_root: str) -> None:
         imported = dsl.importer(artifact_uri=samples_uri, artifact_class=dsl.Dataset, reimport=False)
         found = dsl.importer(artifact_uri=problems_uri, artifact_class=dsl.Dataset, reimport=False)
-        judged = judge(samples=imported.output, preset="tiny", overrides=[], run_root=run_root, run_id="r1")
-        sft_data(teacher_samples=judged.outputs["judged"], preset="tiny", overrides=[], run_root=run_root, run_id="r1")
+        judged = judge(samples=imported.output, preset="tiny", overrides=[], run_root=run_root)
+        sft_data(teacher_samples=judged.outputs["judged"], preset="tiny", overrides=[], run_root=run_root)
         rl_filter(problems=found.output, filter_samples=judged.outputs["judged"], task="", preset="tiny",
-                  overrides=["decontaminate=false"], benchmark_uris=[], run_root=run_root, run_id="r1")
+                  overrides=["decontaminate=false"], benchmark_uris=[], run_root=run_root)
 
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(tmp_path / "kfp"))
     data_stages(samples_uri=samples, problems_uri=str(problems), run_root=str(tmp_path / "runs"))

@@ -13,8 +13,11 @@ from pathlib import Path
 
 import pytest
 
-SFT_OVER_BASE = 5.0  # points of pass@1 on the held-out demo benchmark
-RL_VS_SFT = 0.0  # RL must not fall below SFT
+# Points of pass@1 on the held-out demo benchmark. Measured with these settings (seed 0): base 0.0, SFT 77.1,
+# RL 97.5; SFT over three data/model seeds 66-78 (benchmarks/calibrate_demo.py). The margins keep half of the
+# measured gains, so only a real regression of SFT or RL fails them.
+SFT_OVER_BASE = 40.0
+RL_OVER_SFT = 5.0
 
 
 @pytest.mark.slow
@@ -26,7 +29,7 @@ def test_quick_demo_learns(tmp_path: Path, repo_root: Path) -> None:
     base, sft, rl = (summary[label]["pass@1"] for label in ("base", "sft", "rl"))
     assert base <= 1.0, summary
     assert sft >= base + SFT_OVER_BASE, summary
-    assert rl >= sft + RL_VS_SFT, summary
+    assert rl >= sft + RL_OVER_SFT, summary
     assert (tmp_path / "report.html").stat().st_size > 10_000
     stages = summary["seconds"]
     assert {"curate", "sample-teacher", "sft-data", "sft", "gppo-math", "gppo-code", "evaluate"} <= set(stages)

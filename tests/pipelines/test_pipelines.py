@@ -88,31 +88,75 @@ def _task_named(spec, display_prefix: str) -> str:
 
 def test_training_resources_are_run_time_parameters(compiled: Path) -> None:
     """The full DAG sizes each training stage from string pipeline parameters (the only kind the KFP driver
-    resolves into pod resources); the CPU demo asks for no accelerator at all."""
+    resolves into pod resources), through a sizing step: one node, the launching pod takes the node's GPUs;
+    more nodes, it takes none (the Trainer job's pods do)."""
+    from klear.training.component import launcher_resources
+
     full = validate(compiled / "klear-reasoner.yaml")
     inputs = full.root.input_definitions.parameters
     for name in ("sft_gpus_per_node", "rl_gpus_per_node", "sft_cpu", "sft_memory", "rl_cpu", "rl_memory"):
         assert inputs[name].parameter_type == pipeline_spec_pb2.ParameterType.STRING, name
     assert inputs["sft_gpus_per_node"].default_value.string_value == "8"
     executors = full.deployment_spec.fields["executors"].struct_value.fields
+    tasks = full.root.dag.tasks
 
-    def resources(task: str) -> dict:
-        executor = full.components[full.root.dag.tasks[task].component_ref.name].executor_label
-        return json_format.MessageToDict(executors[executor].struct_value)["container"]["resources"]
+    def container(task: str) -> dict:
+        executor = full.components[tasks[task].component_ref.name].executor_label
+        return json_format.MessageToDict(executors[executor].struct_value)["container"]
 
-    sft = resources("sft")
-    assert sft["accelerator"]["resourceCount"] == "{{$.inputs.parameters['pipelinechannel--sft_gpus_per_node']}}"
-    assert sft["resourceMemoryLimit"] == "{{$.inputs.parameters['pipelinechannel--sft_memory']}}"
-    code_rl = resources(_task_named(full, "code RL: GPPO"))
-    assert code_rl["accelerator"]["resourceCount"] == "{{$.inputs.parameters['pipelinechannel--rl_gpus_per_node']}}"
-    assert code_rl["resourceCpuLimit"] == "{{$.inputs.parameters['pipelinechannel--rl_cpu']}}"
-    # The GPU count the pod gets is the one the component launches processes for.
-    sft_args = full.root.dag.tasks["sft"].inputs.parameters
-    assert sft_args["gpus_per_node"].component_input_parameter == "sft_gpus_per_node"
-    assert full.root.dag.tasks["sft"].retry_policy.max_retry_count == 3
+    for training, gpus, nodes in (("sft", "sft_gpus_per_node", "sft_nodes"),
+                                  (_task_named(full, "code RL: GPPO"), "rl_gpus_per_node", "rl_nodes")):
+        (size_name,) = {parameter.task_output_parameter.producer_task for parameter
+                        in tasks[training].inputs.parameters.values() if parameter.task_output_parameter.producer_task}
+        assert size_name.startswith("launcher-resources") and size_name in tasks[training].dependent_tasks
+        assert tasks[size_name].inputs.parameters["gpus_per_node"].component_input_parameter == gpus
+        assert tasks[size_name].inputs.parameters["nodes"].component_input_parameter == nodes
+        resources = container(training)["resources"]
+        assert resources["accelerator"]["resourceCount"] == (
+            f"{{{{$.inputs.parameters['pipelinechannel--{size_name}-gpus']}}}}")
+        assert resources["resourceCpuLimit"] == f"{{{{$.inputs.parameters['pipelinechannel--{size_name}-cpu']}}}}"
+        # The component launches as many processes per node as the pipeline parameter says.
+        assert tasks[training].inputs.parameters["gpus_per_node"].component_input_parameter == gpus
+        assert tasks[training].retry_policy.max_retry_count == 3
+    assert tuple(launcher_resources.python_func(nodes=1, gpus_per_node="8", cpu="64", memory="512Gi")) == (
+        "8", "64", "512Gi")
+    assert tuple(launcher_resources.python_func(nodes=4, gpus_per_node="8", cpu="64", memory="512Gi"))[0] == "0"
     assert "dshm" in (compiled / "klear-reasoner.yaml").read_text()
     curate_only = (compiled / "klear-curate.yaml").read_text()  # a CPU stage asks for no accelerator
     assert "accelerator" not in curate_only and "nvidia.com/gpu" not in curate_only
+
+
+def _kubernetes_executors(path: Path) -> dict:
+    import yaml
+
+    documents = list(yaml.safe_load_all(path.read_text()))
+    return documents[1]["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+
+
+def test_pods_know_their_run_and_training_pods_their_image_and_scheduling(compiled: Path) -> None:
+    """Every stage pod gets the run id from its pipeline/runid label (not a task parameter: KFP's cache key would
+    change every run); training pods get their own name/uid (owner of their Trainer jobs) and the compiled image;
+    GPU pods take the node selector and tolerations from pipeline parameters."""
+    import yaml
+
+    for name in STAGE_PIPELINES:
+        spec = validate(compiled / f"{name}.yaml")
+        assert "run_id" not in json_format.MessageToJson(spec), name  # no stage takes the run id as an input
+        assert not spec.root.input_definitions.parameters["run_root"].is_optional, name  # outputs always on storage
+        for executor, config in _kubernetes_executors(compiled / f"{name}.yaml").items():
+            fields = {e["name"]: e["fieldPath"] for e in config.get("fieldPathAsEnv", [])}
+            assert fields.get("KLEAR_RUN_ID") == "metadata.labels['pipeline/runid']", (name, executor)
+    platform = _kubernetes_executors(compiled / "klear-reasoner.yaml")
+    document = yaml.safe_load((compiled / "klear-reasoner.yaml").read_text().split("\n---\n")[0])
+    for executor in ("exec-sft", "exec-gppo", "exec-gppo-2"):
+        fields = {e["name"]: e["fieldPath"] for e in platform[executor]["fieldPathAsEnv"]}
+        assert fields["KLEAR_POD_NAME"] == "metadata.name" and fields["KLEAR_POD_UID"] == "metadata.uid"
+        assert platform[executor]["nodeSelector"]["nodeSelectorJson"]["componentInputParameter"] == "gpu_node_selector"
+        assert platform[executor]["tolerations"][0]["tolerationJson"]["componentInputParameter"] == "gpu_tolerations"
+        container = document["deploymentSpec"]["executors"][executor]["container"]
+        env = {e["name"]: e["value"] for e in container["env"]}
+        assert env["KLEAR_TRAIN_IMAGE"] == container["image"] and "klear-gpu" in container["image"]
+    assert "nodeSelector" not in platform["exec-curate"] and "tolerations" not in platform["exec-curate"]
 
 
 def test_invalid_spec_is_rejected(tmp_path: Path) -> None:
@@ -132,3 +176,38 @@ def test_single_stage_rerun_from_imported_s3_sources(compiled: Path, s3_bucket: 
     )
     report = json.loads(storage.read_bytes(task.output.metadata["uri"] + "/report.json"))
     assert report["totals"]["read"] == 40 + 12 and report["per_source"].keys() == {"math"}
+
+
+def test_multi_node_jobs_run_the_image_compiled_in(tmp_path: Path, repo_root: Path) -> None:
+    """Compiled for a registry, tag and Trainer v2: the Trainer jobs that math RL and code RL of one run create
+    (from the environment the compiled tasks give their pods) run that image, on that runtime, with distinct
+    names."""
+    import os
+    import subprocess
+    import sys
+
+    import yaml
+
+    from klear.gppo.stage import STAGE as GPPO
+    from klear.training.trainjob import plan_job, render_trainjob, validate_manifest
+
+    env = {**os.environ, "KLEAR_IMAGE_REGISTRY": "registry.example.com/ml", "KLEAR_IMAGE_TAG": "2.0.1",
+           "KLEAR_TRAINER_API": "v2", "KLEAR_TRAINER_RUNTIME": "klear-torch-distributed"}
+    subprocess.run([sys.executable, "-m", "pipelines.compile", "--output-dir", str(tmp_path)], check=True, env=env,
+                   cwd=repo_root, capture_output=True)
+    document = next(yaml.safe_load_all((tmp_path / "klear-reasoner.yaml").read_text()))
+    names = set()
+    for number, (executor, step) in enumerate((("exec-gppo", "gppo-math"), ("exec-gppo-2", "gppo-code"))):
+        container = document["deploymentSpec"]["executors"][executor]["container"]
+        environ = {e["name"]: e["value"] for e in container["env"]}
+        # What the downward API adds on the cluster.
+        environ |= {"KLEAR_POD_NAME": f"klear-reasoner-abc12-impl-{number}", "KLEAR_POD_UID": f"uid-{number}",
+                    "KLEAR_RUN_ID": "3f6c0a52"}
+        spec, v2 = plan_job(GPPO, step, "s3://m", ["s3://d"], "s3://o", step.split("-")[1], [], 4, 8, environ,
+                            "ns", {})
+        job = render_trainjob(spec)
+        assert v2 and validate_manifest(job) == []
+        assert job["spec"]["trainer"]["image"] == container["image"] == "registry.example.com/ml/klear-gpu:2.0.1"
+        assert job["spec"]["runtimeRef"]["name"] == "klear-torch-distributed"
+        names.add(job["metadata"]["name"])
+    assert len(names) == 2

@@ -24,7 +24,9 @@ def test_every_parameter_is_documented() -> None:
 
 
 @pytest.mark.filterwarnings("ignore:.*custom or non-Python base image.*")
-def test_endpoint_and_model_steps_under_kfp_local(tiny_model: str, tmp_path: Path) -> None:
+def test_endpoint_and_model_steps_under_kfp_local(tiny_model: str, tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KLEAR_RUN_ID", "run-1")  # what the cluster takes from the pod's pipeline/runid label
     from kfp import compiler, components, dsl, local
 
     from klear.sample.component import sample
@@ -34,9 +36,9 @@ def test_endpoint_and_model_steps_under_kfp_local(tiny_model: str, tmp_path: Pat
         prompts = dsl.importer(artifact_uri=prompts_uri, artifact_class=dsl.Dataset, reimport=False)
         model = dsl.importer(artifact_uri=model_uri, artifact_class=dsl.Model, reimport=False)
         sample(prompts=prompts.output, endpoint=endpoint, served_model="fake-teacher", api_key_env="", name="teacher",
-               preset="tiny", overrides=["n=2"], run_root=run_root, run_id="run-1")
+               preset="tiny", overrides=["n=2"], run_root=run_root)
         sample(prompts=prompts.output, model=model.output, endpoint="", served_model="", api_key_env="",
-               name="reference", preset="tiny", overrides=["n=1", "max_tokens=4"], run_root=run_root, run_id="run-1")
+               name="reference", preset="tiny", overrides=["n=1", "max_tokens=4"], run_root=run_root)
 
     compiled = tmp_path / "pipeline.yaml"
     compiler.Compiler().compile(pipeline, str(compiled))

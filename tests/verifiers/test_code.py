@@ -217,3 +217,11 @@ def test_test_case_validation() -> None:
     assert TestCase.from_dict({"input": "1", "output": "2"}).testtype == "stdin"
     with pytest.raises(ValueError, match="testtype"):
         TestCase.from_dict({"input": "1", "output": "2", "testtype": "interactive"})
+
+
+def test_extract_takes_an_unmarked_block_only_without_a_python_one() -> None:
+    assert extract_program("</think>\n```\nprint(3)\n```") == "print(3)\n"
+    assert extract_program("</think>\n```cpp\nint main(){}\n```\n\n```\nprint(4)\n```") == "print(4)\n"
+    assert extract_program("</think>\n```python\nprint(1)\n```\n```\nprint(5)\n```") == "print(1)\n"
+    assert extract_program("</think>\n```Python3 \r\nprint(6)\r\n```") == "print(6)\r\n"
+    assert extract_program("</think> ```py print(1)```") is None  # one line: not a block

@@ -1,23 +1,47 @@
 """Glue between KFP artifacts and stage URIs, shared by the component wrappers.
 
-A stage writes either into its output artifact's own folder (KFP then stores it under the
-pipeline root on object storage), or, when the pipeline names a `run_root`, to
-`<run_root>/<run id>/<stage>`; the artifact's metadata records the URI either way, so the next
-stage, the UI's lineage view and single-stage reruns all find the data.
+A stage writes to `<run_root>/<run id>/<stage>` on object storage, as it goes: shards, checkpoints and
+the final manifest, so a retried pod resumes from what its predecessor published. The output artifact's
+metadata records that URI, so the next stage, the UI's lineage view and single-stage reruns find the data.
+
+The run id comes from the environment, not from a task parameter: a parameter that changes every run
+would be part of KFP's cache key and no deterministic stage could ever be served from the cache. On a
+cluster the pipeline sets KLEAR_RUN_ID from the pod's `pipeline/runid` label (downward API);
+`pipelines.run_local` sets a fresh one for each kfp.local run.
 """
 
 from __future__ import annotations
 
+import json
 import os
+from collections.abc import Iterable
 from typing import Any
 
 URI_KEY = "uri"
 
 
-def output_location(artifact: Any, run_root: str, run_id: str, stage: str) -> str:
-    if run_root:
-        return f"{run_root.rstrip('/')}/{run_id}/{stage}"
-    return artifact.path
+RUN_ID_ENV = "KLEAR_RUN_ID"
+# Set by the compiled pipeline on a training stage's launching pod, read by klear.training.trainjob: the image
+# its multi-node jobs run (the one compiled in), the pod's own name and uid (the jobs' owner), and the kind of
+# Kubeflow Trainer job (KLEAR_TRAINER_API=v2: TrainJob on runtime KLEAR_TRAINER_RUNTIME; else PyTorchJob).
+IMAGE_ENV, POD_NAME_ENV, POD_UID_ENV = "KLEAR_TRAIN_IMAGE", "KLEAR_POD_NAME", "KLEAR_POD_UID"
+API_ENV, RUNTIME_ENV = "KLEAR_TRAINER_API", "KLEAR_TRAINER_RUNTIME"
+
+
+def run_id() -> str:
+    value = os.environ.get(RUN_ID_ENV, "").strip()
+    if not value:
+        raise RuntimeError(f"{RUN_ID_ENV} is not set: on a cluster the compiled pipeline sets it from the pod's "
+                           "pipeline/runid label; locally, run pipelines with `python -m pipelines.run_local`")
+    return value
+
+
+def output_location(run_root: str, stage: str) -> str:
+    """`<run_root>/<run id>/<stage>`: where a stage publishes, the same for every retry of its pod."""
+    if not run_root.strip():
+        raise ValueError("run_root is empty: name the object-storage folder for stage outputs and checkpoints "
+                         "(s3://bucket/runs), or a local folder for kfp.local runs")
+    return f"{run_root.rstrip('/')}/{run_id()}/{stage}"
 
 
 def input_location(artifact: Any) -> str:
@@ -33,6 +57,28 @@ def input_location(artifact: Any) -> str:
 
 
 def record_output(artifact: Any, location: str, extra: dict[str, Any] | None = None) -> None:
+    """Point the output artifact at the published data: its metadata (what the next stage and the UI read) and
+    its own small file, which the artifact store keeps (and kfp.local's cache requires: an artifact without
+    its file counts as lost)."""
     artifact.metadata[URI_KEY] = location
     for key, value in (extra or {}).items():
         artifact.metadata[key] = value
+    if artifact.path:
+        os.makedirs(os.path.dirname(artifact.path) or ".", exist_ok=True)
+        with open(artifact.path, "w") as fh:
+            json.dump({URI_KEY: location, **(extra or {})}, fh)
+
+
+def publish_report(summary: Any, markdown: str, metrics: Any, values: Iterable[tuple[str, float]]) -> None:
+    """Fill a stage's UI outputs: the Markdown summary and the Metrics. The metrics are also written to the
+    Metrics artifact's own file, like every output artifact here (kfp.local's cache needs the file)."""
+    with open(summary.path, "w") as fh:
+        fh.write(markdown)
+    logged = {}
+    for key, value in values:
+        metrics.log_metric(key, value)
+        logged[key] = value
+    if metrics.path:
+        os.makedirs(os.path.dirname(metrics.path) or ".", exist_ok=True)
+        with open(metrics.path, "w") as fh:
+            json.dump(logged, fh)

@@ -14,7 +14,6 @@ def curate(
     preset: str,
     overrides: list,
     run_root: str,
-    run_id: str,
     curated: Output[Dataset],
     summary: Output[Markdown],
     metrics: Output[Metrics],
@@ -28,10 +27,7 @@ def curate(
 
     root = kfp_io.input_location(source_data).rstrip("/")
     sources = [f"{root}/{name}" for name in source_files]
-    target = kfp_io.output_location(curated, run_root, run_id, "curate")
+    target = kfp_io.output_location(run_root, "curate")
     report = run(sources, target, load_config(CurateConfig, preset, overrides), benchmark_uris or None)
     kfp_io.record_output(curated, target, {"kept": report["totals"]["kept"], "read": report["totals"]["read"]})
-    with open(summary.path, "w") as fh:
-        fh.write(render_markdown(report))
-    for key, value in report["totals"].items():
-        metrics.log_metric(key, value)
+    kfp_io.publish_report(summary, render_markdown(report), metrics, report["totals"].items())

@@ -21,7 +21,6 @@ def evaluate(
     preset: str,
     overrides: list,
     run_root: str,
-    run_id: str,
     report: Output[HTML],
     summary: Output[Markdown],
     metrics: Output[Metrics],
@@ -45,8 +44,7 @@ def evaluate(
             shipped AIME24/AIME25/HMMT25 only (the LiveCodeBench benchmarks are then reported as without problems).
         preset: evaluate config preset (paper, paper-64k, tiny) or a YAML file path.
         overrides: config overrides, "key=value" strings (e.g. "settings_check=warn", "only=[aime24]").
-        run_root: where stage outputs go, `<run_root>/<run id>/evaluate`; "" = this artifact's own folder.
-        run_id: the pipeline run id (dsl.PIPELINE_JOB_ID_PLACEHOLDER).
+        run_root: where stage outputs go, `<run_root>/<run id>/evaluate`.
         report: the self-contained HTML report (tables, figures inlined), shown in the KFP UI.
         summary: report.md without figures, shown in the KFP UI.
         metrics: per benchmark pass@1 and its standard error (`<benchmark>_pass1`, `<benchmark>_stderr`; other
@@ -77,20 +75,20 @@ def evaluate(
         if artifact is not None:
             sources.append(SampleSource(source_label, kfp_io.input_location(artifact)))
     sources += parse_sample_specs(list(extra_samples), label)
-    target = kfp_io.output_location(scores, run_root, run_id, name)
+    target = kfp_io.output_location(run_root, name)
     result = run(sources, target, load_config(EvaluateConfig, preset, list(overrides)), list(benchmark_uris))
     kfp_io.record_output(scores, target, {"labels": ",".join(result["labels"])})
-    with open(summary.path, "w") as fh:
-        fh.write(render_markdown(result, with_figures=False))
     with open(report.path, "wb") as out:
         out.write(storage.read_bytes(storage.Uri.parse(target).join("report.html")))
+    values = []
     for model_label, model in result["models"].items():
         prefix = "" if model_label == result["primary"] else f"{model_label}_"
         for benchmark, block in model["benchmarks"].items():
-            metrics.log_metric(f"{prefix}{benchmark}_pass1", round(block["pass@1"], 3))
+            values.append((f"{prefix}{benchmark}_pass1", round(block["pass@1"], 3)))
             if block["stderr"] is not None:
-                metrics.log_metric(f"{prefix}{benchmark}_stderr", round(block["stderr"], 3))
-            metrics.log_metric(f"{prefix}{benchmark}_truncated", round(block["truncated"], 4))
+                values.append((f"{prefix}{benchmark}_stderr", round(block["stderr"], 3)))
+            values.append((f"{prefix}{benchmark}_truncated", round(block["truncated"], 4)))
+    kfp_io.publish_report(summary, render_markdown(result, with_figures=False), metrics, values)
 
 
 @dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
@@ -99,7 +97,6 @@ def evaluation_prompts(
     preset: str,
     overrides: list,
     run_root: str,
-    run_id: str,
     math_prompts: Output[Dataset],
     code_prompts: Output[Dataset],
     # KFP reads a component's outputs from a functional NamedTuple (a class would not exist in the executor).
@@ -112,8 +109,7 @@ def evaluation_prompts(
         benchmark_uris: math sets and LiveCodeBench code_generation_lite JSONL files; [] = the shipped math sets.
         preset: evaluate config preset (paper, paper-64k, tiny) or a YAML file path.
         overrides: config overrides, "key=value" strings.
-        run_root: where outputs go, `<run_root>/<run id>/evaluate-prompts-{math,code}`; "" = the artifacts' folders.
-        run_id: the pipeline run id (dsl.PIPELINE_JOB_ID_PLACEHOLDER).
+        run_root: where outputs go, `<run_root>/<run id>/evaluate-prompts-{math,code}`.
         math_prompts: `math-k<k>.jsonl` (id, prompt, benchmark): the math benchmarks' problems, k = their avg@k.
         code_prompts: `code-k<k>.jsonl`: the LiveCodeBench problems in the windows (none without LiveCodeBench files).
     Returns:
@@ -133,7 +129,7 @@ def evaluation_prompts(
     bench = load_benchmarks(list(benchmark_uris), config)
     counts, sample_overrides = {}, {}
     for kind, artifact in (("math", math_prompts), ("code", code_prompts)):
-        target = kfp_io.output_location(artifact, run_root, run_id, f"evaluate-prompts-{kind}")
+        target = kfp_io.output_location(run_root, f"evaluate-prompts-{kind}")
         groups = write_prompts(target, config, list(benchmark_uris), kind=kind, loaded=bench)["groups"]
         group = next(iter(groups.values()), None)
         counts[kind] = group["prompts"] if group else 0

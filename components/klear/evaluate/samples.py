@@ -16,22 +16,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import orjson
-import pyarrow as pa
-import pyarrow.parquet as pq
-
 from klear.common import storage
 from klear.common.records import RecordError
+from klear.judge.io import DATA_SUFFIXES, file_tables, published_sample_files
 
 __all__ = ["SampleError", "SampleSource", "LocalSource", "open_source", "parse_sample_specs", "read_keys",
            "read_rows"]
 
 LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 DEFAULT_LABEL = "model"
-REQUIRED = ("id", "sample", "response")
 READ_COLUMNS = ("id", "sample", "response", "finish_reason", "completion_tokens")
-_FOLDERS = ("samples", "judged")  # a sample output's rows, else a judge output's (which keep the responses)
-_SUFFIXES = (".parquet", ".jsonl", ".ndjson")
 
 
 class SampleError(RecordError):
@@ -76,9 +70,7 @@ def open_source(source: SampleSource) -> Iterator[LocalSource]:
     loc = storage.Uri.parse(source.uri)
     if storage.is_dir(loc):
         with storage.fetch_published(loc) as (local, manifest):
-            data = sorted(f for f in manifest.files if f.endswith(_SUFFIXES))
-            chosen = next(([f for f in data if f.startswith(folder + "/")] for folder in _FOLDERS
-                           if any(f.startswith(folder + "/") for f in data)), [f for f in data if "/" not in f])
+            chosen = published_sample_files(list(manifest.files))
             if not chosen:
                 raise SampleError(f"{loc}: a published output without sample rows (no samples/ or judged/ files)")
             meta = dict(manifest.meta)
@@ -87,49 +79,16 @@ def open_source(source: SampleSource) -> Iterator[LocalSource]:
         return
     if not storage.exists(loc):
         raise FileNotFoundError(f"samples not found: {loc}")
-    if not str(loc).endswith(_SUFFIXES):
+    if not str(loc).endswith(DATA_SUFFIXES):
         raise SampleError(f"{loc}: unknown file type; expected a published output, .parquet or .jsonl")
     with storage.localize(loc) as path:
         yield LocalSource(source, [(str(loc), path)])
 
 
-def _tables(origin: str, path: Path, columns: Sequence[str], batch_rows: int) -> Iterator[pa.Table]:
-    if origin.endswith(".parquet"):
-        try:
-            parquet = pq.ParquetFile(path)
-        except (pa.ArrowInvalid, OSError) as exc:
-            raise SampleError(f"{origin}: not a readable Parquet file ({exc})") from None
-        names = parquet.schema_arrow.names
-        missing = [c for c in REQUIRED if c not in names]
-        if missing:
-            raise SampleError(f"{origin}: sample rows lack {missing} (columns present: {names})")
-        for batch in parquet.iter_batches(batch_size=batch_rows, columns=[c for c in columns if c in names]):
-            yield pa.Table.from_batches([batch])
-        return
-    rows: list[dict[str, Any]] = []
-    with open(path, "rb") as fh:
-        for number, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                row = orjson.loads(line)
-            except orjson.JSONDecodeError as exc:
-                raise SampleError(f"{origin}:{number}: malformed JSON ({exc})") from None
-            missing = [c for c in REQUIRED if c not in row]
-            if missing:
-                raise SampleError(f"{origin}:{number}: sample row lacks {missing} (fields: {sorted(row)[:12]})")
-            rows.append({c: row.get(c) for c in columns})
-            if len(rows) >= batch_rows:
-                yield pa.Table.from_pylist(rows)
-                rows = []
-    if rows:
-        yield pa.Table.from_pylist(rows)
-
-
 def read_keys(local: LocalSource, batch_rows: int = 65536) -> Iterator[tuple[str, int, str]]:
     """(id, sample index, origin) of every row, reading only those two columns of Parquet files."""
     for origin, path in local.files:
-        for table in _tables(origin, path, ("id", "sample"), batch_rows):
+        for table in file_tables(path, origin, batch_rows, ("id", "sample")):
             for pid, index in zip(table.column("id").to_pylist(), table.column("sample").to_pylist()):
                 if pid is None or index is None:
                     raise SampleError(f"{origin}: a row with an empty id or sample index")
@@ -139,7 +98,7 @@ def read_keys(local: LocalSource, batch_rows: int = 65536) -> Iterator[tuple[str
 def read_rows(local: LocalSource, wanted: Mapping[tuple[str, int], Any], batch_rows: int) -> Iterator[list[dict[str, Any]]]:
     """Batches of the rows whose (id, sample) is in `wanted`, with the columns scoring needs."""
     for origin, path in local.files:
-        for table in _tables(origin, path, READ_COLUMNS, batch_rows):
+        for table in file_tables(path, origin, batch_rows, READ_COLUMNS):
             rows = [row for row in table.to_pylist() if (str(row["id"]), int(row["sample"])) in wanted]
             if rows:
                 yield rows

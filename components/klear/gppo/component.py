@@ -20,7 +20,6 @@ def gppo(
     gpus_per_node: str,
     nodes: int,
     run_root: str,
-    run_id: str,
     model: Output[Model],
     summary: Output[Markdown],
     metrics: Output[Metrics],
@@ -36,4 +35,4 @@ def gppo(
         raise ValueError(f"step task {task!r} does not match preset {preset!r} (task {config.task!r}); expected "
                          "math or code, with a preset of the same task")
     run_training_component(STAGE, f"gppo-{task}", policy, data, preset, list(overrides), gpus_per_node, nodes,
-                           run_root, run_id, model, summary, metrics)
+                           run_root, model, summary, metrics)

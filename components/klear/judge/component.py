@@ -12,7 +12,6 @@ def judge(
     preset: str,
     overrides: list,
     run_root: str,
-    run_id: str,
     judged: Output[Dataset],
     summary: Output[Markdown],
     metrics: Output[Metrics],
@@ -24,8 +23,7 @@ def judge(
         samples: output of the sample stage (published `samples/part-*.parquet`).
         preset: judge config preset (paper, tiny) or a YAML file path.
         overrides: config overrides, "key=value" strings (e.g. "verifier.timeout_s=6").
-        run_root: where stage outputs go, `<run_root>/<run id>/judge`; "" = this artifact's own folder.
-        run_id: the pipeline run id (dsl.PIPELINE_JOB_ID_PLACEHOLDER).
+        run_root: where stage outputs go, `<run_root>/<run id>/judge`.
         judged: the published output: judged/, pass_rates/, report.json, report.md, pass_rate_hist.png.
         summary: report.md, shown in the KFP UI.
         metrics: samples, problems, correct, budget overruns, scorer errors, per-task accuracy.
@@ -37,15 +35,11 @@ def judge(
     from klear.judge.report import render_markdown
     from klear.judge.stage import run
 
-    target = kfp_io.output_location(judged, run_root, run_id, "judge")
+    target = kfp_io.output_location(run_root, "judge")
     report = run(kfp_io.input_location(samples), target, load_config(JudgeConfig, preset, list(overrides)),
                  problems_uri or None)
     totals = report["totals"]
     kfp_io.record_output(judged, target, {"samples": totals["samples"], "problems": totals["problems"]})
-    with open(summary.path, "w") as fh:
-        fh.write(render_markdown(report))
-    for key, value in totals.items():
-        metrics.log_metric(key, value)
-    for kind, block in report["per_kind"].items():
-        if block["accuracy"] is not None:
-            metrics.log_metric(f"{kind}_accuracy", block["accuracy"])
+    accuracy = [(f"{kind}_accuracy", block["accuracy"]) for kind, block in report["per_kind"].items()
+                if block["accuracy"] is not None]
+    kfp_io.publish_report(summary, render_markdown(report), metrics, [*totals.items(), *accuracy])

@@ -24,8 +24,8 @@ from klear.common.records import RecordError
 from klear.judge.config import JudgeConfig
 from klear.judge.problems import Problem
 
-__all__ = ["JUDGE_COLUMNS", "JUDGE_SCHEMA", "SampleInputError", "ScoreStore", "fingerprint", "is_judged",
-           "iter_sample_tables", "settings_key"]
+__all__ = ["DATA_SUFFIXES", "JUDGE_COLUMNS", "JUDGE_SCHEMA", "SampleInputError", "ScoreStore", "file_tables",
+           "fingerprint", "is_judged", "iter_sample_tables", "published_sample_files", "settings_key"]
 
 log = logging.getLogger("klear.judge")
 
@@ -37,7 +37,7 @@ JUDGE_SCHEMA = pa.schema([
     ("passed", pa.int32()), ("total", pa.int32()), ("extracted", pa.string()),
 ])
 JUDGE_COLUMNS = tuple(JUDGE_SCHEMA.names)
-_DATA_SUFFIXES = (".parquet", ".jsonl", ".ndjson")
+DATA_SUFFIXES = (".parquet", ".jsonl", ".ndjson")
 
 
 class SampleInputError(RecordError):
@@ -49,8 +49,9 @@ def is_judged(names: Sequence[str]) -> bool:
     return {"correct", "verdict"} <= set(names)
 
 
-def _published_sample_files(files: Sequence[str]) -> list[str]:
-    data = sorted(f for f in files if f.endswith(_DATA_SUFFIXES))
+def published_sample_files(files: Sequence[str]) -> list[str]:
+    """The data files of a published output that hold its sample rows (its manifest's file list)."""
+    data = sorted(f for f in files if f.endswith(DATA_SUFFIXES))
     for folder in SAMPLE_FOLDERS:
         chosen = [f for f in data if f.startswith(folder + "/")]
         if chosen:
@@ -58,14 +59,24 @@ def _published_sample_files(files: Sequence[str]) -> list[str]:
     return [f for f in data if "/" not in f]  # loose data files at the top, never another stage's side tables
 
 
-def _file_tables(path: Path, origin: str, batch_rows: int) -> Iterator[tuple[str, pa.Table]]:
+def file_tables(path: Path, origin: str, batch_rows: int, columns: Sequence[str] | None = None) -> Iterator[pa.Table]:
+    """Tables of up to `batch_rows` sample rows of one local Parquet or JSONL file, the REQUIRED columns checked
+    (a JSONL row by its line); `columns` keeps only those, and a Parquet file then reads only them. Errors name
+    `origin`, the file's URI."""
+    def missing_in(names: Sequence[str] | dict[str, Any]) -> list[str]:
+        return [c for c in REQUIRED if c not in names]
+
     if origin.endswith(".parquet"):
         try:
             parquet = pq.ParquetFile(path)
         except (pa.ArrowInvalid, OSError) as exc:
             raise SampleInputError(f"{origin}: not a readable Parquet file ({exc})") from None
-        for batch in parquet.iter_batches(batch_size=batch_rows):
-            yield origin, pa.Table.from_batches([batch])
+        names = parquet.schema_arrow.names
+        if missing := missing_in(names):
+            raise SampleInputError(f"{origin}: sample rows lack {missing} (columns present: {names})")
+        chosen = [c for c in columns if c in names] if columns is not None else None
+        for batch in parquet.iter_batches(batch_size=batch_rows, columns=chosen):
+            yield pa.Table.from_batches([batch])
         return
     rows: list[dict[str, Any]] = []
     with open(path, "rb") as fh:
@@ -73,14 +84,19 @@ def _file_tables(path: Path, origin: str, batch_rows: int) -> Iterator[tuple[str
             if not line.strip():
                 continue
             try:
-                rows.append(orjson.loads(line))
+                row = orjson.loads(line)
             except orjson.JSONDecodeError as exc:
                 raise SampleInputError(f"{origin}:{number}: malformed JSON ({exc})") from None
+            if not isinstance(row, dict):
+                raise SampleInputError(f"{origin}:{number}: a sample row must be a JSON object, not {type(row).__name__}")
+            if missing := missing_in(row):
+                raise SampleInputError(f"{origin}:{number}: sample row lacks {missing} (fields: {sorted(row)[:12]})")
+            rows.append({c: row.get(c) for c in columns} if columns is not None else row)
             if len(rows) >= batch_rows:
-                yield origin, pa.Table.from_pylist(rows)
+                yield pa.Table.from_pylist(rows)
                 rows = []
     if rows:
-        yield origin, pa.Table.from_pylist(rows)
+        yield pa.Table.from_pylist(rows)
 
 
 def iter_sample_tables(uri: str, batch_rows: int = 2048) -> Iterator[tuple[str, pa.Table]]:
@@ -89,24 +105,16 @@ def iter_sample_tables(uri: str, batch_rows: int = 2048) -> Iterator[tuple[str, 
     loc = storage.Uri.parse(uri)
     if storage.is_dir(loc):
         with storage.fetch_published(loc) as (local, manifest):  # refuses an unpublished folder, by name
-            files = _published_sample_files(list(manifest.files))
-            for rel in files:
-                yield from _checked(_file_tables(local / rel, str(loc.join(rel)), batch_rows))
+            for rel in published_sample_files(list(manifest.files)):
+                origin = str(loc.join(rel))
+                yield from ((origin, table) for table in file_tables(local / rel, origin, batch_rows))
         return
     if not storage.exists(loc):
         raise FileNotFoundError(f"samples not found: {loc}")
-    if not str(loc).endswith(_DATA_SUFFIXES):
+    if not str(loc).endswith(DATA_SUFFIXES):
         raise SampleInputError(f"{loc}: unknown file type; expected a published output, .parquet or .jsonl")
     with storage.localize(loc) as local:
-        yield from _checked(_file_tables(local, str(loc), batch_rows))
-
-
-def _checked(tables: Iterator[tuple[str, pa.Table]]) -> Iterator[tuple[str, pa.Table]]:
-    for origin, table in tables:
-        missing = [c for c in REQUIRED if c not in table.column_names]
-        if missing:
-            raise SampleInputError(f"{origin}: sample rows lack {missing} (columns present: {table.column_names})")
-        yield origin, table
+        yield from ((str(loc), table) for table in file_tables(local, str(loc), batch_rows))
 
 
 # --------------------------------------------------------------------------- resume

@@ -15,7 +15,6 @@ def rl_filter(
     overrides: list,
     benchmark_uris: list,
     run_root: str,
-    run_id: str,
     rl_data: Output[Dataset],
     summary: Output[Markdown],
     metrics: Output[Metrics],
@@ -29,8 +28,7 @@ def rl_filter(
         preset: rl-filter config preset (paper, tiny) or a YAML file path.
         overrides: config overrides, "key=value" strings (e.g. "min_tests=16", "keep_above=0.5").
         benchmark_uris: test sets for decontamination; [] = the shipped AIME24/25 and HMMT25.
-        run_root: where stage outputs go, `<run_root>/<run id>/rl-filter-<task>`; "" = this artifact's own folder.
-        run_id: the pipeline run id (dsl.PIPELINE_JOB_ID_PLACEHOLDER).
+        run_root: where stage outputs go, `<run_root>/<run id>/rl-filter-<task>`.
         rl_data: the published RL set (prompts/ in the gppo format, removed/ with reasons) that gppo reads.
         summary: report.md, shown in the KFP UI.
         metrics: problems read, kept, removed, and removals per reason.
@@ -43,14 +41,10 @@ def rl_filter(
 
     if task not in ("", "math", "code"):
         raise ValueError(f"task {task!r}: expected math, code or '' (the config's task)")
-    target = kfp_io.output_location(rl_data, run_root, run_id, f"rl-filter-{task}" if task else "rl-filter")
+    target = kfp_io.output_location(run_root, f"rl-filter-{task}" if task else "rl-filter")
     report = run(kfp_io.input_location(problems), kfp_io.input_location(filter_samples), target,
                  load_config(RlFilterConfig, preset, list(overrides)), list(benchmark_uris) or None, task or None)
     totals = report["totals"]
     kfp_io.record_output(rl_data, target, {"kept": totals["kept"], "problems": totals["problems"]})
-    with open(summary.path, "w") as fh:
-        fh.write(render_markdown(report))
-    for key, value in totals.items():
-        metrics.log_metric(key, value)
-    for reason, n in report["reasons"].items():
-        metrics.log_metric(f"removed_{reason}", n)
+    removed = [(f"removed_{reason}", n) for reason, n in report["reasons"].items()]
+    kfp_io.publish_report(summary, render_markdown(report), metrics, [*totals.items(), *removed])

@@ -18,7 +18,6 @@ def sample(
     preset: str,
     overrides: list,
     run_root: str,
-    run_id: str,
     samples: Output[Dataset],
     summary: Output[Markdown],
     metrics: Output[Metrics],
@@ -40,9 +39,7 @@ def sample(
         preset: Config preset (paper: T 0.6, top_p 0.95, 32,768 tokens, n 16; tiny: CPU demo) or a YAML path.
         overrides: Config overrides, "key=value" strings (e.g. "n=64", "max_failed_fraction=0.01").
         run_root: Object-storage root of run outputs (s3://bucket/runs); the output goes to
-            <run_root>/<run_id>/sample-<name> and its work area beside it, so a retried pod resumes. Empty: the
-            output artifact's own folder (no resume across pods).
-        run_id: The pipeline run's id (dsl.PIPELINE_JOB_ID_PLACEHOLDER).
+            <run_root>/<run id>/sample-<name> and its work area beside it, so a retried pod resumes.
         samples: The published samples: samples/part-*.parquet, failed/, report.json, report.md.
         summary: The run's report: counts, settings, tokens, speed, failures.
         metrics: Sampled and failed units, tokens, samples/s and tokens/s.
@@ -58,13 +55,10 @@ def sample(
 
     extra = [f"api_key_env={api_key_env}"] if api_key_env else []
     config = load_config(SampleConfig, preset, [*overrides, *extra])
-    target = kfp_io.output_location(samples, run_root, run_id, f"sample-{name}" if name else "sample")
+    target = kfp_io.output_location(run_root, f"sample-{name}" if name else "sample")
     report = run([kfp_io.input_location(prompts)], target, config,
                  model=(kfp_io.input_location(model) if model is not None else model_uri or None) if not endpoint else None,
                  endpoint=endpoint or None, served_model=served_model or None)
     kfp_io.record_output(samples, target, {"rows": report["units"]["rows"], "failed": report["units"]["failed"],
                                            "settings_hash": report["settings_hash"]})
-    with open(summary.path, "w") as fh:
-        fh.write(render_markdown(report))
-    for key, value in metric_items(report):
-        metrics.log_metric(key, value)
+    kfp_io.publish_report(summary, render_markdown(report), metrics, metric_items(report))

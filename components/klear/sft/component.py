@@ -16,7 +16,6 @@ def sft(
     gpus_per_node: str,
     nodes: int,
     run_root: str,
-    run_id: str,
     model: Output[Model],
     summary: Output[Markdown],
     metrics: Output[Metrics],
@@ -27,4 +26,4 @@ def sft(
     from klear.training.launch import run_training_component
 
     run_training_component(STAGE, "sft", base_model, data, preset, list(overrides), gpus_per_node, nodes, run_root,
-                           run_id, model, summary, metrics)
+                           model, summary, metrics)

@@ -14,7 +14,6 @@ def sft_data(
     preset: str,
     overrides: list,
     run_root: str,
-    run_id: str,
     records: Output[Dataset],
     summary: Output[Markdown],
     metrics: Output[Metrics],
@@ -27,8 +26,7 @@ def sft_data(
         teacher_samples: the teacher's samples (output of sample, or of judge to skip judging again).
         preset: sft-data config preset (paper, tiny) or a YAML file path; `policy` picks what is kept.
         overrides: config overrides, "key=value" strings (e.g. "policy=drop_incorrect_on_easy").
-        run_root: where stage outputs go, `<run_root>/<run id>/sft-data`; "" = this artifact's own folder.
-        run_id: the pipeline run id (dsl.PIPELINE_JOB_ID_PLACEHOLDER).
+        run_root: where stage outputs go, `<run_root>/<run id>/sft-data`.
         records: the published SFT records (records/part-*.parquet) that the sft stage reads.
         summary: report.md, shown in the KFP UI.
         metrics: records read and kept, drops by reason, what each policy would keep.
@@ -41,18 +39,13 @@ def sft_data(
     from klear.sft_data.report import render_markdown
     from klear.sft_data.stage import run
 
-    target = kfp_io.output_location(records, run_root, run_id, "sft-data")
+    target = kfp_io.output_location(run_root, "sft-data")
     report = run(kfp_io.input_location(teacher_samples), target, load_config(SftDataConfig, preset, list(overrides)),
                  reference=kfp_io.input_location(reference_samples) if reference_samples is not None else None,
                  tokenizer=kfp_io.input_location(target_model) if target_model is not None else None)
     totals = report["totals"]
     kfp_io.record_output(records, target, {"records": totals["kept"], "read": totals["read"]})
-    with open(summary.path, "w") as fh:
-        fh.write(render_markdown(report))
-    metrics.log_metric("read", totals["read"])
-    metrics.log_metric("kept", totals["kept"])
-    metrics.log_metric("unlabelled", totals["unlabelled"])
-    for reason, n in totals["dropped"].items():
-        metrics.log_metric(f"dropped_{reason}", n)
-    for policy, n in report["would_keep"].items():
-        metrics.log_metric(f"would_keep_{policy}", n)
+    values = [("read", totals["read"]), ("kept", totals["kept"]), ("unlabelled", totals["unlabelled"])]
+    values += [(f"dropped_{reason}", n) for reason, n in totals["dropped"].items()]
+    values += [(f"would_keep_{policy}", n) for policy, n in report["would_keep"].items()]
+    kfp_io.publish_report(summary, render_markdown(report), metrics, values)

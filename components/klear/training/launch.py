@@ -64,12 +64,12 @@ def gpu_count(gpus_per_node: int | str) -> int:
 
 
 def run_training_stage(stage: TrainingStage, model: str, data: list[str], output: str, preset: str,
-                       overrides: list[str], gpus_per_node: int, nodes: int, run_id: str) -> dict[str, Any]:
+                       overrides: list[str], gpus_per_node: int, nodes: int, step: str) -> dict[str, Any]:
     """Run a training stage from its KFP component and return its report.
 
     0 GPUs (CPU, kfp.local, tests): in this process. One node with GPUs: one `accelerate launch` process per
     GPU in this pod. More nodes: a Kubeflow Trainer job runs the same command on every node; this pod creates
-    it, streams its logs and fails if it fails."""
+    it, streams its logs and fails if it fails. `step` names the job (sft, gppo-math, gppo-code)."""
     import json
     import subprocess
 
@@ -78,7 +78,7 @@ def run_training_stage(stage: TrainingStage, model: str, data: list[str], output
     if nodes > 1:
         from klear.training.trainjob import run_trainjob
 
-        run_trainjob(stage, model, data, output, preset, overrides, nodes, gpus_per_node, run_id)
+        run_trainjob(stage, step, model, data, output, preset, overrides, nodes, gpus_per_node)
     elif gpus_per_node > 0:
         subprocess.run(accelerate_command(stage, model, data, output, preset, overrides, gpus_per_node), check=True)
     else:
@@ -87,18 +87,15 @@ def run_training_stage(stage: TrainingStage, model: str, data: list[str], output
 
 
 def run_training_component(stage: TrainingStage, step: str, model_in: Any, data: Any, preset: str,
-                           overrides: list[str], gpus_per_node: int | str, nodes: int, run_root: str, run_id: str,
+                           overrides: list[str], gpus_per_node: int | str, nodes: int, run_root: str,
                            model_out: Any, summary: Any, metrics: Any) -> None:
     """The body of a training stage's KFP component: train into a fixed location under run_root (a retried pod
     resumes from its checkpoints), then fill the KFP outputs: the model, the Markdown summary, the metrics."""
     from klear.common import kfp_io
 
-    target = kfp_io.output_location(model_out, run_root, run_id, step)
+    target = kfp_io.output_location(run_root, step)
     report = run_training_stage(stage, kfp_io.input_location(model_in), [kfp_io.input_location(data)], target, preset,
-                                overrides, gpu_count(gpus_per_node), nodes, run_id)
+                                overrides, gpu_count(gpus_per_node), nodes, step)
     kfp_io.record_output(model_out, target, {"global_step": report["training"]["global_step"],
                                              "kept": report["data"]["kept"]})
-    with open(summary.path, "w") as fh:
-        fh.write(stage.render_markdown(report))
-    for key, value in stage.metric_items(report):
-        metrics.log_metric(key, value)
+    kfp_io.publish_report(summary, stage.render_markdown(report), metrics, stage.metric_items(report))

@@ -26,19 +26,41 @@ __all__ = ["CodeResult", "CodeVerifier", "TestCase", "compare_stdout", "extract_
 Verdict = Literal["passed", "wrong_answer", "runtime_error", "timeout", "memory_limit", "output_limit",
                   "sandbox_error", "not_run"]
 
-_FENCE = re.compile(r"```[ \t]*(?:python3?|py)[ \t]*\r?\n(.*?)```", re.DOTALL | re.IGNORECASE)
+_FENCE_MARK = re.compile(r"```([^\n`]*)")
+PYTHON_FENCES = ("python", "python3", "py")
 
 
 # --- pure functions --------------------------------------------------------------------------------
 def extract_program(response: str, think_end: str = "</think>", require_think_end: bool = True) -> str | None:
-    """The last ```python block after the last `think_end`; None when that is required and absent."""
+    """The last ```python block after the last `think_end` (else the last fenced block without a language); None
+    when `think_end` is required and absent, or there is no such block."""
     if think_end:
         if think_end in response:
             response = response[response.rfind(think_end) + len(think_end) :]
         elif require_think_end:
             return None  # cut off while thinking: drafts in the reasoning are not the answer
-    blocks = _FENCE.findall(response)
-    return blocks[-1] if blocks else None
+    blocks = fenced_blocks(response)
+    # A block marked as another language is no Python answer; an unmarked one is taken when none is marked Python
+    # (LiveCodeBench's own extraction takes the last fenced block whatever its language).
+    chosen = [body for lang, body in blocks if lang in PYTHON_FENCES] or [body for lang, body in blocks if not lang]
+    return chosen[-1] if chosen else None
+
+
+def fenced_blocks(text: str) -> list[tuple[str, str]]:
+    """(language, body) of each Markdown code fence in `text`, in order: fences pair up as they come, the
+    opening one's info string (lower-cased first word) is the language, the body starts on the next line."""
+    blocks: list[tuple[str, str]] = []
+    opening: re.Match[str] | None = None
+    for mark in _FENCE_MARK.finditer(text):
+        if opening is None:
+            opening = mark
+            continue
+        body = text[opening.end():mark.start()]
+        if body.startswith(("\n", "\r\n")):  # "```py print(1)```" on one line is not a block
+            words = opening.group(1).split()
+            blocks.append((words[0].lower() if words else "", body.split("\n", 1)[1]))
+        opening = None
+    return blocks
 
 
 def _as_number(token: str) -> Decimal | None:

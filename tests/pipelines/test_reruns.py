@@ -1,0 +1,121 @@
+"""Single-stage reruns on an earlier run's artifacts on S3, and kfp.local's cache across runs.
+
+The earlier runs are real compiled pipelines under kfp.local (the YAML a cluster runs), publishing on SeaweedFS;
+each rerun is a new run of another single-stage pipeline whose inputs are the earlier outputs' URIs.
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from klear.common import storage
+from pipelines.compile import compile_all
+from pipelines.run_local import run_compiled
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("compiled")
+    compile_all(out)
+    return out
+
+
+def _put_jsonl(uri: str, rows: list[dict]) -> str:
+    storage.write_bytes(storage.Uri.parse(uri), "".join(json.dumps(r) + "\n" for r in rows).encode())
+    return uri
+
+
+def _answer(value: int) -> str:
+    return f"<think>\nadd the columns\n</think>\n\nThe answer is $\\boxed{{{value}}}$."
+
+
+def _runs(run_root: str) -> set[str]:
+    return {name.split("/", 1)[0] for name in storage.list_files(run_root)}
+
+
+@pytest.mark.slow
+def test_sft_data_reruns_with_another_policy_on_saved_samples(compiled: Path, s3_bucket: str, tmp_path: Path) -> None:
+    """Teacher and reference samples from earlier runs (the `records` backend on shipped traces), then sft-data
+    twice on them: keep_all, and a rerun with drop_incorrect, which keeps what the first run said it would."""
+    from klear.demo.tiny_model import build
+
+    problems = [(f"p{i}", 10 + i, 20 + i) for i in range(6)]
+    # Teacher: two traces per problem, the second one wrong on p3..p5. Reference: right on p0, p1, p3 only.
+    teacher = [{"id": pid, "prompt": f"What is {a} + {b}?", "answer": str(a + b),
+                "generations": [_answer(a + b), _answer(a + b + (1 if i >= 3 else 0))]}
+               for i, (pid, a, b) in enumerate(problems)]
+    reference = [{"id": pid, "prompt": f"What is {a} + {b}?", "answer": str(a + b),
+                  "generations": [_answer(a + b + (0 if i in (0, 1, 3) else 7))]} for i, (pid, a, b) in enumerate(problems)]
+    inputs = f"{s3_bucket}/inputs"
+    build(f"{inputs}/tiny-model")
+    run_root = f"{s3_bucket}/runs"
+    earlier = {}
+    for name, rows, n in (("teacher", teacher, 2), ("reference", reference, 1)):
+        task = run_compiled("klear-sample", tmp_path / "kfp", {
+            "prompts_uri": _put_jsonl(f"{inputs}/{name}.jsonl", rows), "name": name, "preset": "tiny",
+            "overrides": ["backend=records", f"n={n}"], "gpus": "0", "run_root": run_root}, compiled)
+        earlier[name] = task.output.metadata["uri"]
+        assert earlier[name].startswith(run_root) and task.output.metadata["rows"] == len(problems) * n
+
+    def sft_data(policy: str) -> dict:
+        task = run_compiled("klear-sft-data", tmp_path / "kfp", {
+            "teacher_samples_uri": earlier["teacher"], "reference_samples_uri": earlier["reference"],
+            "target_model_uri": f"{inputs}/tiny-model", "preset": "tiny", "overrides": [f"policy={policy}"],
+            "run_root": run_root}, compiled)
+        return json.loads(storage.read_bytes(storage.Uri.parse(task.output.metadata["uri"]).join("report.json")))
+
+    first = sft_data("keep_all")
+    assert first["totals"]["kept"] == 12, first["totals"]
+    assert first["would_keep"]["drop_incorrect"] == 9 and first["would_keep"]["drop_incorrect_on_easy"] == 11
+    rerun = sft_data("drop_incorrect")
+    assert rerun["totals"]["kept"] == first["would_keep"]["drop_incorrect"] == 9
+    assert len(_runs(run_root)) == 4  # two sample runs, two sft-data runs: nothing overwritten
+
+
+@pytest.mark.slow
+def test_evaluate_reruns_on_saved_samples(compiled: Path, s3_bucket: str, tmp_path: Path) -> None:
+    """klear-evaluate samples the tiny model and scores it; klear-evaluate-samples rescores the saved samples
+    (no model, no sampling) and must report the same figures."""
+    from klear.demo import tasks
+    from klear.demo.tiny_model import build
+
+    benchmark = _put_jsonl(f"{s3_bucket}/inputs/demo_benchmark.jsonl", tasks.benchmark_items(6, seed=0))
+    build(f"{s3_bucket}/inputs/tiny-model")
+    run_root = f"{s3_bucket}/runs"
+    run_compiled("klear-evaluate", tmp_path / "kfp", {
+        "model_uri": f"{s3_bucket}/inputs/tiny-model", "benchmark_uris": [benchmark], "preset": "demo",
+        "sample_preset": "tiny", "gpus": "0", "run_root": run_root}, compiled)
+    (first_run,) = _runs(run_root)
+    root = storage.Uri.parse(run_root)
+    sampled = root.join(first_run, "sample-eval-math")
+    first = json.loads(storage.read_bytes(root.join(first_run, "evaluate", "report.json")))
+    run_compiled("klear-evaluate-samples", tmp_path / "kfp", {
+        "samples_uri": str(sampled), "benchmark_uris": [benchmark], "preset": "demo", "label": "rescored",
+        "run_root": run_root}, compiled)
+    (second_run,) = _runs(run_root) - {first_run}
+    assert {name.split("/", 1)[0] for name in storage.list_files(root.join(second_run))} == {"evaluate"}
+    again = json.loads(storage.read_bytes(root.join(second_run, "evaluate", "report.json")))
+    before, after = first["models"]["model"]["benchmarks"]["demo"], again["models"]["rescored"]["benchmarks"]["demo"]
+    assert (after["k"], after["problems"], after["samples"]) == (4, 6, 24)
+    assert after["pass@1"] == before["pass@1"] and after["stderr"] == before["stderr"]
+
+
+@pytest.mark.slow
+def test_a_second_run_reuses_deterministic_stages(compiled: Path, s3_bucket: str, tmp_path: Path) -> None:
+    """kfp.local's cache: an unchanged curate task is served from the first run (no new output), a changed one
+    runs again. The run id is not a task input, so a cluster's cache key does not change every run either."""
+    from klear.demo.generate import generate
+
+    generate(f"{s3_bucket}/sources", math_count=30, code_count=4, seed=1)
+    run_root = f"{s3_bucket}/runs"
+    arguments = {"sources_uri": f"{s3_bucket}/sources", "source_files": ["math.jsonl#prompt=problem"],
+                 "preset": "tiny", "run_root": run_root}
+    first = run_compiled("klear-curate", tmp_path / "kfp", arguments, compiled, cache=True).output.metadata["uri"]
+    second = run_compiled("klear-curate", tmp_path / "kfp", arguments, compiled, cache=True).output.metadata["uri"]
+    assert second == first and len(_runs(run_root)) == 1  # served from the cache: the second run wrote nothing
+    changed = {**arguments, "source_files": ["math.jsonl#prompt=problem", "code.jsonl#prompt=question"]}
+    third = run_compiled("klear-curate", tmp_path / "kfp", changed, compiled, cache=True).output.metadata["uri"]
+    assert third != first and len(_runs(run_root)) == 2
+    assert json.loads(storage.read_bytes(storage.Uri.parse(third).join("report.json")))["per_source"].keys() == {
+        "math", "code"}
