@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 
 from klear.common import storage
 
-__all__ = ["Chunk", "Located", "ParquetShardWriter", "RecordError", "Source", "iter_chunks", "iter_records", "iter_training_records", "parse_chunk", "parse_sources", "primary_data_files", "read_records", "write_records"]
+__all__ = ["Chunk", "Located", "ParquetShardWriter", "RecordError", "Source", "iter_chunks", "iter_records", "jsonl_chunks", "iter_training_records", "parse_chunk", "parse_sources", "primary_data_files", "read_records", "write_records"]
 
 _JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 _PARQUET_SUFFIXES = (".parquet",)
@@ -139,7 +139,8 @@ def parse_chunk(chunk: Chunk) -> list[Located]:
     return out
 
 
-def _jsonl_chunks(path: Path, origin: str, size: int) -> Iterator[Chunk]:
+def jsonl_chunks(path: Path, origin: str, size: int) -> Iterator[Chunk]:
+    """A local JSONL file as chunks of `size` lines (for `parse_chunk`, which names file:line in its errors)."""
     with open(path, "rb") as fh:
         first = 1
         while lines := list(itertools.islice(fh, size)):
@@ -178,7 +179,7 @@ def _hf_dataset_chunks(path: Path, origin: str, split: str | None, size: int) ->
 
 def _file_chunks(path: Path, origin: str, size: int) -> Iterator[Chunk]:
     if origin.endswith(_JSONL_SUFFIXES):
-        yield from _jsonl_chunks(path, origin, size)
+        yield from jsonl_chunks(path, origin, size)
     elif origin.endswith(_PARQUET_SUFFIXES):
         yield from _parquet_chunks(path, origin, size)
     else:

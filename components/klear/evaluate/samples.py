@@ -16,9 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from klear.common import storage
 from klear.common.records import RecordError
-from klear.judge.io import DATA_SUFFIXES, file_tables, published_sample_files
+from klear.judge.io import file_tables, local_sample_files
 
 __all__ = ["SampleError", "SampleSource", "LocalSource", "open_source", "parse_sample_specs", "read_keys",
            "read_rows"]
@@ -67,22 +66,12 @@ class LocalSource:
 @contextlib.contextmanager
 def open_source(source: SampleSource) -> Iterator[LocalSource]:
     """The source's data files, downloaded once (a published output: only the files its manifest lists)."""
-    loc = storage.Uri.parse(source.uri)
-    if storage.is_dir(loc):
-        with storage.fetch_published(loc) as (local, manifest):
-            chosen = published_sample_files(list(manifest.files))
-            if not chosen:
-                raise SampleError(f"{loc}: a published output without sample rows (no samples/ or judged/ files)")
-            meta = dict(manifest.meta)
-            settings = meta.get("settings") if isinstance(meta.get("settings"), dict) else None
-            yield LocalSource(source, [(str(loc.join(f)), local / f) for f in chosen], meta.get("stage"), settings, meta)
-        return
-    if not storage.exists(loc):
-        raise FileNotFoundError(f"samples not found: {loc}")
-    if not str(loc).endswith(DATA_SUFFIXES):
-        raise SampleError(f"{loc}: unknown file type; expected a published output, .parquet or .jsonl")
-    with storage.localize(loc) as path:
-        yield LocalSource(source, [(str(loc), path)])
+    with local_sample_files(source.uri) as (files, manifest):
+        if not files:
+            raise SampleError(f"{source.uri}: a published output without sample rows (no samples/ or judged/ files)")
+        meta = dict(manifest.meta) if manifest else {}
+        settings = meta.get("settings") if isinstance(meta.get("settings"), dict) else None
+        yield LocalSource(source, files, meta.get("stage"), settings, meta)
 
 
 def read_keys(local: LocalSource, batch_rows: int = 65536) -> Iterator[tuple[str, int, str]]:

@@ -6,6 +6,7 @@ as JSON); other columns pass through. Judged rows add the JUDGE_COLUMNS.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -15,17 +16,16 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from klear.common import storage
-from klear.common.records import RecordError
+from klear.common.records import RecordError, jsonl_chunks, parse_chunk
 from klear.judge.config import JudgeConfig
 from klear.judge.problems import Problem
 
 __all__ = ["DATA_SUFFIXES", "JUDGE_COLUMNS", "JUDGE_SCHEMA", "SampleInputError", "ScoreStore", "file_tables",
-           "fingerprint", "is_judged", "iter_sample_tables", "published_sample_files", "settings_key"]
+           "fingerprint", "is_judged", "iter_sample_tables", "local_sample_files", "published_sample_files", "settings_key"]
 
 log = logging.getLogger("klear.judge")
 
@@ -78,43 +78,41 @@ def file_tables(path: Path, origin: str, batch_rows: int, columns: Sequence[str]
         for batch in parquet.iter_batches(batch_size=batch_rows, columns=chosen):
             yield pa.Table.from_batches([batch])
         return
-    rows: list[dict[str, Any]] = []
-    with open(path, "rb") as fh:
-        for number, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                row = orjson.loads(line)
-            except orjson.JSONDecodeError as exc:
-                raise SampleInputError(f"{origin}:{number}: malformed JSON ({exc})") from None
-            if not isinstance(row, dict):
-                raise SampleInputError(f"{origin}:{number}: a sample row must be a JSON object, not {type(row).__name__}")
+    for chunk in jsonl_chunks(path, origin, batch_rows):
+        rows = []
+        for located in parse_chunk(chunk):  # malformed JSON and non-objects: RecordError naming file:line
+            row = located.record
             if missing := missing_in(row):
-                raise SampleInputError(f"{origin}:{number}: sample row lacks {missing} (fields: {sorted(row)[:12]})")
+                raise SampleInputError(f"{located.where}: sample row lacks {missing} (fields: {sorted(row)[:12]})")
             rows.append({c: row.get(c) for c in columns} if columns is not None else row)
-            if len(rows) >= batch_rows:
-                yield pa.Table.from_pylist(rows)
-                rows = []
-    if rows:
-        yield pa.Table.from_pylist(rows)
+        if rows:
+            yield pa.Table.from_pylist(rows)
 
 
-def iter_sample_tables(uri: str, batch_rows: int = 2048) -> Iterator[tuple[str, pa.Table]]:
-    """(origin, table of up to `batch_rows` rows) over a sample source: a published output (its judged/ or
-    samples/ folder), or a Parquet / JSONL file. Each table is checked for the required columns."""
+@contextlib.contextmanager
+def local_sample_files(uri: str) -> Iterator[tuple[list[tuple[str, Path]], storage.Manifest | None]]:
+    """A sample source's data files on local disk as (origin URI, path), and its manifest (None for a plain file):
+    a published output's judged/ or samples/ files, fetched once (an unpublished folder is refused by name), or
+    one Parquet / JSONL file."""
     loc = storage.Uri.parse(uri)
     if storage.is_dir(loc):
-        with storage.fetch_published(loc) as (local, manifest):  # refuses an unpublished folder, by name
-            for rel in published_sample_files(list(manifest.files)):
-                origin = str(loc.join(rel))
-                yield from ((origin, table) for table in file_tables(local / rel, origin, batch_rows))
+        with storage.fetch_published(loc) as (local, manifest):
+            yield [(str(loc.join(rel)), local / rel) for rel in published_sample_files(list(manifest.files))], manifest
         return
     if not storage.exists(loc):
         raise FileNotFoundError(f"samples not found: {loc}")
     if not str(loc).endswith(DATA_SUFFIXES):
         raise SampleInputError(f"{loc}: unknown file type; expected a published output, .parquet or .jsonl")
-    with storage.localize(loc) as local:
-        yield from ((str(loc), table) for table in file_tables(local, str(loc), batch_rows))
+    with storage.localize(loc) as path:
+        yield [(str(loc), path)], None
+
+
+def iter_sample_tables(uri: str, batch_rows: int = 2048) -> Iterator[tuple[str, pa.Table]]:
+    """(origin, table of up to `batch_rows` rows) over a sample source (see `local_sample_files`), each table
+    checked for the required columns."""
+    with local_sample_files(uri) as (files, _):
+        for origin, path in files:
+            yield from ((origin, table) for table in file_tables(path, origin, batch_rows))
 
 
 # --------------------------------------------------------------------------- resume
