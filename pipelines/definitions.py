@@ -38,8 +38,8 @@ from klear.training.component import launcher_resources
 
 S3_SECRET = "klear-s3"  # the Helm chart's Secret: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL, AWS_REGION
 S3_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL", "AWS_REGION")
-# The API key of an OpenAI-compatible endpoint (teacher, filter model), key `api-key`; optional: a self-hosted
-# vLLM server needs none.
+# The default Secret with the API key of an OpenAI-compatible endpoint (teacher, filter model), key `api-key`;
+# a pipeline parameter names another; optional: a self-hosted vLLM server needs none.
 ENDPOINT_SECRET = "klear-endpoint"
 UNTRUSTED_CODE_LABEL = "klear.io/runs-untrusted-code"  # the chart's NetworkPolicy denies these pods the network
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -126,7 +126,7 @@ def _curate(sources, source_files, benchmark_uris, preset, run_root) -> dsl.Pipe
 
 
 def _sample(what: str, prompts, preset, overrides, run_root, gpus, cpu, memory, scheduling, model=None,
-            model_uri="", endpoint="", served_model="") -> dsl.PipelineTask:
+            model_uri="", endpoint="", served_model="", key_secret=ENDPOINT_SECRET) -> dsl.PipelineTask:
     """One use of the sampling engine: a model (artifact or URI; vLLM on the pod's GPUs) or an endpoint."""
     from kfp import kubernetes
 
@@ -134,7 +134,7 @@ def _sample(what: str, prompts, preset, overrides, run_root, gpus, cpu, memory, 
                      preset=preset, overrides=overrides, run_root=run_root, model_uri=model_uri)
     task = sample(**arguments, model=model) if model is not None else sample(**arguments)
     task.set_display_name(f"sample: {what}")
-    kubernetes.use_secret_as_env(task, secret_name=ENDPOINT_SECRET, secret_key_to_env={"api-key": "OPENAI_API_KEY"},
+    kubernetes.use_secret_as_env(task, secret_name=key_secret, secret_key_to_env={"api-key": "OPENAI_API_KEY"},
                                  optional=True)
     return _on_gpu_node(task, gpus, cpu, memory, scheduling)
 
@@ -194,9 +194,11 @@ def klear_pipeline(
     teacher_model_uri: str = "",
     teacher_endpoint: str = "",
     teacher_served_model: str = "",
+    teacher_key_secret: str = ENDPOINT_SECRET,
     filter_model_uri: str = "",
     filter_endpoint: str = "",
     filter_served_model: str = "",
+    filter_key_secret: str = ENDPOINT_SECRET,
     benchmark_uris: list = [],
     curate_preset: str = "paper",
     sample_preset: str = "paper",
@@ -236,12 +238,13 @@ def klear_pipeline(
         rl_math_uri: Candidate math RL problems (with `answer`), a file or published output.
         rl_code_uri: Candidate code RL problems (with `tests`), a file or published output.
         teacher_model_uri: The teacher as a model folder, sampled with vLLM in the pipeline; or give an endpoint.
-        teacher_endpoint: OpenAI-compatible API of the teacher (DeepSeek-R1-0528), e.g. http://teacher:8000/v1;
-            its key, if any, from the Secret klear-endpoint (key api-key).
+        teacher_endpoint: OpenAI-compatible API of the teacher (DeepSeek-R1-0528), e.g. http://teacher:8000/v1.
         teacher_served_model: The model name the teacher endpoint serves.
+        teacher_key_secret: The Secret holding the teacher endpoint's API key (key `api-key`), if it needs one.
         filter_model_uri: The RL filter model (DeepSeek-R1-0120) as a model folder; or give an endpoint.
         filter_endpoint: OpenAI-compatible API of the RL filter model.
         filter_served_model: The model name the filter endpoint serves.
+        filter_key_secret: The Secret holding the filter endpoint's API key (key `api-key`), if it needs one.
         benchmark_uris: Test sets: curate and rl-filter remove overlaps with them, evaluate scores them. Empty:
             the shipped AIME24/AIME25/HMMT25; LiveCodeBench code_generation_lite files are brought by you.
         curate_preset: curate config (paper: 9-gram decontamination).
@@ -284,7 +287,8 @@ def klear_pipeline(
 
     # SFT data: teacher traces, labelled by the reference model's pass rate (paper §5.1).
     teacher = _sample("teacher", curated, sample_preset, teacher_overrides, run_root, *sampling,
-                      model_uri=teacher_model_uri, endpoint=teacher_endpoint, served_model=teacher_served_model)
+                      model_uri=teacher_model_uri, endpoint=teacher_endpoint, served_model=teacher_served_model,
+                      key_secret=teacher_key_secret)
     reference = _sample("reference", curated, sample_preset, reference_overrides, run_root, *sampling,
                         model_uri=reference_model_uri)
     records = sft_data(teacher_samples=teacher.outputs["samples"], reference_samples=reference.outputs["samples"],
@@ -299,7 +303,7 @@ def klear_pipeline(
         problems = _import(uri, dsl.Dataset, f"{rl_task} RL problems")
         filtered = _sample(f"filter-{rl_task}", problems.output, sample_preset, filter_overrides, run_root,
                            *sampling, model_uri=filter_model_uri, endpoint=filter_endpoint,
-                           served_model=filter_served_model)
+                           served_model=filter_served_model, key_secret=filter_key_secret)
         rl_data[rl_task] = _rl_filter(rl_task, problems.output, filtered.outputs["samples"], benchmark_uris,
                                       rl_filter_preset, run_root).outputs["rl_data"]
     math_rl = _gppo("math", tuned.outputs["model"], rl_data["math"], gppo_math_preset, run_root, rl_gpus_per_node,
@@ -346,7 +350,8 @@ def curate_pipeline(sources_uri: str, source_files: list, run_root: str, benchma
 
 @dsl.pipeline(name="klear-sample", description="Rerun sampling alone: a model or an endpoint on existing prompts")
 def sample_pipeline(prompts_uri: str, run_root: str, name: str = "teacher", model_uri: str = "", endpoint: str = "",
-                    served_model: str = "", preset: str = "paper", overrides: list = [], gpus: str = GPUS,
+                    served_model: str = "", key_secret: str = ENDPOINT_SECRET, preset: str = "paper",
+                    overrides: list = [], gpus: str = GPUS,
                     cpu: str = SAMPLE_CPU, memory: str = NODE_MEMORY, gpu_node_selector: dict = {},
                     gpu_tolerations: list = []) -> dsl.Dataset:
     """n responses per prompt from a model folder (vLLM on the pod's GPUs) or an OpenAI-compatible endpoint.
@@ -356,8 +361,9 @@ def sample_pipeline(prompts_uri: str, run_root: str, name: str = "teacher", mode
         run_root: Object-storage root of this run's outputs (s3://bucket/runs).
         name: What the samples are for (teacher, reference, filter-math): names the output folder.
         model_uri: The model to sample, a Hugging Face folder (s3://...); or give an endpoint.
-        endpoint: OpenAI-compatible API root, e.g. http://teacher:8000/v1 (key from the Secret klear-endpoint).
+        endpoint: OpenAI-compatible API root, e.g. http://teacher:8000/v1.
         served_model: The model name the endpoint serves.
+        key_secret: The Secret holding the endpoint's API key (key `api-key`), if it needs one.
         preset: Sampling config (paper: T 0.6, top_p 0.95, 32K tokens, n 16).
         overrides: Config overrides, "key=value" (e.g. "n=8", "backend=records").
         gpus: GPUs of the sampling pod ("0" for an endpoint).
@@ -369,7 +375,7 @@ def sample_pipeline(prompts_uri: str, run_root: str, name: str = "teacher", mode
     prompts = _import(prompts_uri, dsl.Dataset, "prompts")
     return _sample(name, prompts.output, preset, overrides, run_root, gpus, cpu, memory,
                    (gpu_node_selector, gpu_tolerations), model_uri=model_uri, endpoint=endpoint,
-                   served_model=served_model).outputs["samples"]
+                   served_model=served_model, key_secret=key_secret).outputs["samples"]
 
 
 @dsl.pipeline(name="klear-judge", description="Rerun judging alone on existing samples")

@@ -69,6 +69,11 @@ def test_cluster_settings_survive_compilation(compiled: Path) -> None:
     text = (compiled / "klear-reasoner.yaml").read_text()
     assert "klear-s3" in text and "AWS_SECRET_ACCESS_KEY" in text and "AWS_REGION" in text
     assert "klear-endpoint" in text and "OPENAI_API_KEY" in text  # the teacher's key, optional
+    # The Secrets holding the teacher's and the filter model's keys are run-time parameters.
+    teacher_executor = spec.components[tasks[_task_named(spec, "sample: teacher")].component_ref.name].executor_label
+    (key,) = [s for s in _kubernetes_executors(compiled / "klear-reasoner.yaml")[teacher_executor]["secretAsEnv"]
+              if s["keyToEnv"][0]["secretKey"] == "api-key"]
+    assert key["secretNameParameter"] == {"componentInputParameter": "teacher_key_secret"} and key["optional"]
     assert "klear.io/runs-untrusted-code" in text
     assert "klear-gpu:" in text and "klear-cpu:" in text
     for prefix in ("sample: teacher", "sft:", "math RL: GPPO"):
