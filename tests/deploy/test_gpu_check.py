@@ -8,9 +8,7 @@ from pathlib import Path
 
 
 def test_skips_cleanly_without_a_gpu(repo_root: Path) -> None:
-    import torch
-
-    assert not torch.cuda.is_available()  # this test is about the machine without one
+    """The test environment has no vLLM (it is in the GPU image only), so the check must say so and pass."""
     done = subprocess.run([sys.executable, "benchmarks/gpu/gpu_check.py"], capture_output=True, text=True,
                           cwd=repo_root, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
