@@ -94,7 +94,7 @@ def test_malformed_outputs_are_refused_without_io(output: str, match: str) -> No
 def test_outputs_overlapping_inputs_are_refused(prompts: Path, tmp_path: Path) -> None:
     before = prompts.read_bytes()
     _refused(lambda: storage.check_output(str(prompts), [f"{prompts}#prompt=problem"]), storage.InvalidOutputError,
-             rf"output {prompts} is input {prompts}: publishing would replace the input", within_s=1.0)
+             rf"output {prompts} is input {prompts}: writing there would replace the input", within_s=1.0)
     _refused(lambda: storage.check_output(f"file://{tmp_path}", [str(prompts)]), storage.InvalidOutputError,
              rf"output {tmp_path} contains input {prompts}", within_s=1.0)
     _refused(lambda: storage.check_output(str(tmp_path / "data" / "out"), [str(tmp_path / "data")]),
@@ -122,8 +122,11 @@ def test_a_folder_of_foreign_files_is_refused(where: str, s3_bucket: str, tmp_pa
              r"out already holds 1 files and is not a klear output \(my-notes.txt\); .* choose an empty location")
     assert storage.list_files(out) == ["my-notes.txt"]
     # Leftovers beside klear's own traces (a checkpoint, a dead run's lease) are klear's: publishing cleans them.
-    storage.write_bytes(out.join("checkpoints", "step-1", storage.MANIFEST_NAME), b"{}")
-    storage.check_output(str(out))
+    checkpoint = tmp_path / "checkpoint"
+    checkpoint.mkdir()
+    (checkpoint / "state.bin").write_bytes(b"weights")
+    storage.publish_dir(checkpoint, out.join("checkpoints", "step-1"), meta={"stage": "sft"})
+    storage.check_output(str(out), stage="sft")
 
 
 # --------------------------------------------------------------------------- wired into klear curate

@@ -228,6 +228,6 @@ def test_a_second_writer_is_refused_and_the_work_area_stays_outside_the_output(t
             _sample(server, prompts, out, "n=2")
         first.join()
     assert len(_rows(str(out))) == 8
-    with pytest.raises(ValueError, match="lies inside --output .*publishing would delete it"):
+    with pytest.raises(storage.InvalidOutputError, match="--output .* contains --work .*one would replace the other"):
         run([prompts], str(tmp_path / "o2"), fast_config(), endpoint="http://127.0.0.1:9/v1", served_model="m",
             work=str(tmp_path / "o2" / "work"))

@@ -20,6 +20,8 @@ from typing import Any, ClassVar, TypeVar
 import pydantic
 import yaml
 
+from klear.common import storage
+
 __all__ = ["ConfigError", "StageConfig", "load_config"]
 
 QUOTE_LIMIT = 200  # characters of a value quoted in an error message
@@ -195,6 +197,7 @@ def _read_source(cls: type[StageConfig], source: str) -> tuple[dict[str, Any], s
         if not path.is_file():
             raise ConfigError(f"config file not found: {clip(source)}")
         text, origin = path.read_text(), str(path)
+        storage.note_input(str(path))  # what this process writes must never replace its own config
     else:
         text, origin = _preset_text(cls, source)
     try:

@@ -14,7 +14,10 @@ from before it changes anything until its manifest is written: on S3 a condition
 (`If-None-Match: *`) renewed by a heartbeat, on local paths an flock the kernel drops when the
 process dies. A second writer fails at once with OutputBusyError; see `claim_output`.
 
-Before any work, a stage calls `check_output(output, inputs)` to fail in seconds on a bad output.
+Before any work, a stage calls `check_writes` (or `check_output` for one output) with every location it will
+write and every input it reads, to fail in seconds on a location that would replace an input, another stage's
+output or someone else's files. A published output belongs to the stage named in its manifest (`meta.stage`):
+publishing replaces only an output of the same stage.
 """
 
 from __future__ import annotations
@@ -52,13 +55,16 @@ __all__ = [
     "StorageError",
     "UnpublishedOutputError",
     "Uri",
+    "Write",
     "check_output",
+    "check_writes",
     "claim_output",
     "download_file",
     "exists",
     "fetch_published",
     "list_files",
     "localize",
+    "note_input",
     "publish_dir",
     "read_bytes",
     "read_manifest",
@@ -780,6 +786,7 @@ def publish_dir(local_dir: str | Path, dest: str | Uri, meta: dict[str, Any] | N
     entries = {p.relative_to(root).as_posix(): {"size": p.stat().st_size, "sha256": sha256_file(p)} for p in files}
     with claim_output(loc) as lease:  # re-enters the caller's claim when there is one
         lease.verify()  # a run whose lease was taken over during its work must not touch the output
+        _refuse_other_stage(loc, (meta or {}).get("stage"), "output")
         lease.dirty = True
         delete(loc.join(MANIFEST_NAME))
         for rel in entries:
@@ -872,42 +879,82 @@ def _check_file(path: Path, entry: dict[str, Any], origin: Uri) -> None:
 _BUCKET_NAME = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 
 
-def check_output(output: str, inputs: Sequence[str] = ()) -> Uri:
-    """Fail in seconds, before any work, if a run could not publish to `output`: unsupported scheme or malformed
-    URI, an output that is, contains or lies inside one of `inputs` (URIs or source specs; a `#...` fragment is
-    ignored), an output path blocked by a file or not writable, a folder of files that is no klear output
-    (publishing would delete them), and for S3 an unreachable endpoint, a missing bucket or credentials that may
-    not write there (one put and delete of a probe object, with the usual KLEAR_S3_MAX_ATTEMPTS retries).
-    Returns the parsed output. Writes nothing that outlives the check."""
-    out = _parse_output(output)
-    for spec in inputs:
-        if not spec.partition("#")[0].strip():
-            continue
-        source = Uri.parse(spec.partition("#")[0])
-        relation = _overlap(out, source)
-        if relation:
-            raise InvalidOutputError(f"output {out} {relation} input {source}: publishing would replace the input")
-    if out.is_s3:
-        _probe_s3(out)
-    else:
-        _probe_local(out)
-    _refuse_foreign(out)
-    return out
+@dataclass(frozen=True)
+class Write:
+    """One location a run writes. `role` is how the user named it (`--output`, `--work`); `stage` is the stage
+    whose published output it becomes (the manifest's `meta.stage`); `published=False` for a work area, whose
+    stage checks what may already be there."""
+
+    role: str
+    uri: str
+    stage: str | None
+    published: bool = True
 
 
-def _parse_output(output: str) -> Uri:
+# Config files this process read (`--config file.yaml`): inputs of every run it checks, though no stage lists them.
+_NOTED_INPUTS: set[str] = set()
+
+
+def note_input(uri: str) -> None:
+    """Record a file this process read (a config file): no location checked afterwards may replace it."""
+    _NOTED_INPUTS.add(str(uri))
+
+
+def check_writes(writes: Sequence[Write], inputs: Sequence[str] = ()) -> list[Uri]:
+    """Fail in seconds, before any work, if a run could not safely write every one of `writes`:
+
+    - an unsupported scheme or malformed URI, a path blocked by a file or not writable, and for S3 an unreachable
+      endpoint, a missing bucket or credentials that may not write there (one put and delete of a probe object);
+    - a location that is, contains or lies inside one of `inputs` (URIs or source specs; a `#...` fragment is
+      ignored) or a config file this process read, or that overlaps another of `writes`;
+    - an output that holds another stage's published output (its manifest names the stage), a model, or files
+      that are no klear output at all: publishing removes what its manifest does not list.
+
+    Returns the parsed locations, in order. Writes nothing that outlives the check."""
+    parsed = [_parse_output(w.uri, w.role) for w in writes]
+    sources = [Uri.parse(spec.partition("#")[0]) for spec in (*inputs, *sorted(_NOTED_INPUTS))
+               if spec.partition("#")[0].strip()]
+    for write, out in zip(writes, parsed):
+        for source in sources:
+            relation = _overlap(out, source)
+            if relation:
+                raise InvalidOutputError(f"{write.role} {out} {relation} input {source}: writing there would "
+                                         "replace the input; choose a location apart from every input")
+    for i, (first, a) in enumerate(zip(writes, parsed)):
+        for second, b in zip(writes[i + 1 :], parsed[i + 1 :]):
+            relation = _overlap(a, b)
+            if relation:
+                raise InvalidOutputError(f"{first.role} {a} {relation} {second.role} {b}: one would replace the "
+                                         "other; give them separate locations")
+    for write, out in zip(writes, parsed):
+        if out.is_s3:
+            _probe_s3(out)
+        else:
+            _probe_local(out)
+        if write.published:
+            _refuse_foreign(out, write.stage, write.role)
+    return parsed
+
+
+def check_output(output: str, inputs: Sequence[str] = (), *, stage: str | None = None,
+                 role: str = "output") -> Uri:
+    """`check_writes` for a run that writes one output: the published output of `stage`."""
+    return check_writes([Write(role, output, stage)], inputs)[0]
+
+
+def _parse_output(output: str, role: str = "output") -> Uri:
     if not str(output).strip():
-        raise InvalidOutputError("empty output location")
+        raise InvalidOutputError(f"empty {role} location")
     try:
         out = Uri.parse(output)
     except StorageError as exc:
-        raise InvalidOutputError(f"output {output!r}: {exc}") from None
+        raise InvalidOutputError(f"{role} {output!r}: {exc}") from None
     if out.is_s3:
         if not _BUCKET_NAME.match(out.bucket):
-            raise InvalidOutputError(f"output {output!r}: {out.bucket!r} is not a valid S3 bucket name")
+            raise InvalidOutputError(f"{role} {output!r}: {out.bucket!r} is not a valid S3 bucket name")
         if not out.path.strip("/"):
             raise InvalidOutputError(
-                f"output {output!r} is a whole bucket: name a folder in it (s3://{out.bucket}/FOLDER), since "
+                f"{role} {output!r} is a whole bucket: name a folder in it (s3://{out.bucket}/FOLDER), since "
                 "publishing removes every file of the output that its manifest does not list"
             )
         out = Uri("s3", out.bucket, out.path.strip("/"))
@@ -950,19 +997,48 @@ def _probe_s3(out: Uri) -> None:
         client.delete_object(Bucket=probe.bucket, Key=probe.path)
 
 
-def _refuse_foreign(out: Uri) -> None:
-    """Publishing removes the files its manifest does not list: refuse a folder that holds files but no sign of
-    klear (a manifest or a lease, at any depth: a crashed run, checkpoints), which would be someone else's."""
+def _stage_of(manifest_uri: Uri) -> str | None:
+    return Manifest.from_json(read_bytes(manifest_uri), str(manifest_uri)).meta.get("stage")
+
+
+def _refuse_other_stage(out: Uri, stage: str | None, role: str) -> None:
+    """A published output is replaced only by a run of the stage that published it."""
+    try:
+        owner = _stage_of(out.join(MANIFEST_NAME))
+    except FileNotFoundError:
+        return
+    if owner != stage:
+        raise InvalidOutputError(
+            f"{role} {out} holds a published {_stage_name(owner)} output and this is {_stage_name(stage)}: "
+            "publishing would replace it; choose another location (only a stage's own output is replaced)")
+
+
+def _stage_name(stage: str | None) -> str:
+    return f"'{stage}'" if stage else "an unnamed stage's"
+
+
+def _refuse_foreign(out: Uri, stage: str | None, role: str) -> None:
+    """Publishing removes the files its manifest does not list: refuse an output that another stage published
+    (a model, say), and a folder that holds files but no sign of this stage (its manifest, a nested output of its
+    own such as a checkpoint, or a lease left by a crashed run), which would be someone else's."""
     if exists(out.join(MANIFEST_NAME)):
+        _refuse_other_stage(out, stage, role)
         return
     names = list_files(out)
-    if any(name.rpartition("/")[2] in (MANIFEST_NAME, LEASE_NAME) for name in names):
+    nested = sorted(name for name in names if name.rpartition("/")[2] == MANIFEST_NAME)
+    for name in nested:
+        owner = _stage_of(out.join(name))
+        if owner != stage:
+            raise InvalidOutputError(
+                f"{role} {out} holds a published {_stage_name(owner)} output ({name}) and this is "
+                f"{_stage_name(stage)}: publishing would replace it; choose another location")
+    if nested or any(name.rpartition("/")[2] == LEASE_NAME for name in names):
         return
     foreign = [name for name in names if not _reserved(name)]
     if foreign:
         shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
         raise InvalidOutputError(
-            f"output {out} already holds {len(foreign)} files and is not a klear output ({shown}); publishing "
+            f"{role} {out} already holds {len(foreign)} files and is not a klear output ({shown}); publishing "
             "replaces everything in an output, so refusing to write there: choose an empty location or remove them"
         )
 

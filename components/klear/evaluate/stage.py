@@ -200,7 +200,7 @@ def run(samples: Iterable[SampleSource | str], output: str, config: EvaluateConf
     """Score saved generations and publish the report to `output`; returns report.json's content."""
     started = time.monotonic()
     sources = _sources(samples)
-    storage.check_output(output, [s.uri for s in sources] + list(benchmarks))
+    storage.check_output(output, [s.uri for s in sources] + list(benchmarks), stage="evaluate")
     bench = loaded or load_benchmarks(benchmarks, config)
     labels = list(dict.fromkeys(s.label for s in sources))
     protocol_sampling = config.protocol_sampling()
@@ -422,7 +422,7 @@ def write_prompts(output: str, config: EvaluateConfig, benchmarks: Sequence[str]
                   loaded: BenchmarkSet | None = None) -> dict[str, Any]:
     """Publish the protocol's prompts, one JSONL per (kind, k) group, each with its sample-stage config; with
     `kind`, only that kind's prompts (one k, else an error): a folder the sample stage reads as a whole."""
-    storage.check_output(output, list(benchmarks))
+    storage.check_output(output, list(benchmarks), stage="evaluate-prompts")
     bench = loaded or load_benchmarks(benchmarks, config)
     groups = {key: rows for key, rows in prompt_groups(bench, config).items() if kind is None or key[0] == kind}
     if kind is not None and len(groups) > 1:
@@ -453,19 +453,29 @@ def sample_then_run(output: str, config: EvaluateConfig, benchmarks: Sequence[st
     other `samples`, side by side). Each (kind, k) group is one sample output under `sample_output`."""
     from klear.sample.stage import run as sample_run
 
-    storage.check_output(output, list(benchmarks))
-    bench = load_benchmarks(benchmarks, config)
+    others = _sources(samples) if samples else []
     root = (sample_output or f"{output.rstrip('/')}.samples").rstrip("/")
+    # Every location this command writes, checked before any work (sampling takes hours on a real model): the report
+    # and the folder of sample outputs may not replace an input (the model included) nor each other; then each
+    # sample output may replace only an earlier sample output.
+    inputs = [*benchmarks, *([model] if model else []), *(s.uri for s in others)]
+    storage.check_writes([storage.Write("--output", output, "evaluate"),
+                          storage.Write("--sample-output", root, "sample", published=False)], inputs)
+    bench = load_benchmarks(benchmarks, config)
+    groups = prompt_groups(bench, config)
+    targets = {key: f"{root}/{key[0]}-k{key[1]}" for key in groups}
+    storage.check_writes([storage.Write(f"--sample-output {Path(target).name}", target, "sample")
+                          for target in targets.values()], inputs)
     sampled: list[SampleSource] = []
     with tempfile.TemporaryDirectory(prefix="klear-evaluate-prompts-") as tmp:
-        for (kind, k), rows in prompt_groups(bench, config).items():
+        for (kind, k), rows in groups.items():
             prompts = _write_jsonl(rows, Path(tmp) / f"{kind}-k{k}.jsonl")
-            target = f"{root}/{kind}-k{k}"
+            target = targets[(kind, k)]
             log.info("sampling %d %s prompts x %d into %s", len(rows), kind, k, target)
             sample_run([str(prompts)], target, config.sampling_for(k), model=model, endpoint=endpoint,
                        served_model=served_model)
             sampled.append(SampleSource(label, target))
-    return run([*sampled, *samples], output, config, benchmarks, loaded=bench)
+    return run([*sampled, *others], output, config, benchmarks, loaded=bench)
 
 
 # --------------------------------------------------------------------------- CLI

@@ -112,7 +112,7 @@ def _judge_batch(table: pa.Table, judge: Judge, problems: Mapping[str, Problem] 
 def run(samples: str, output: str, config: JudgeConfig, problems: str | None = None) -> dict[str, Any]:
     """Judge the samples at `samples` and publish to `output`; returns the report."""
     started = time.monotonic()
-    storage.check_output(output, [samples, *([problems] if problems else [])])
+    storage.check_output(output, [samples, *([problems] if problems else [])], stage="judge")
     problem_map = load_problem_map(problems, config.task) if problems else None
     tally = _Tally()
     with storage.claim_output(output) as lease, tempfile.TemporaryDirectory(prefix="klear-judge-") as tmp, \

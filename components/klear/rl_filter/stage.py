@@ -172,7 +172,7 @@ def run(problems: str, samples: str, output: str, config: RlFilterConfig, benchm
     started = time.monotonic()
     task = task or config.task
     specs = list(benchmark_specs) if benchmark_specs else [str(p) for p in shipped_benchmarks.all_paths()]
-    storage.check_output(output, [problems, samples, *specs])
+    storage.check_output(output, [problems, samples, *specs], stage="rl-filter")
     candidates = [Candidate(where, problem) for where, problem in load_problems(problems, task)]
     if not candidates:
         raise RlFilterError(f"{problems} holds no problems: nothing to filter, nothing published")

@@ -220,14 +220,6 @@ def import_published(output: storage.Uri, area: WorkArea) -> int:
     return rows
 
 
-def check_work_location(output: storage.Uri, work: storage.Uri) -> None:
-    """The work area must outlive publishing, which removes whatever the output's manifest does not list."""
-    same_store = (output.scheme, output.bucket) == (work.scheme, work.bucket)
-    out_path, work_path = output.path.rstrip("/"), work.path.rstrip("/")
-    if same_store and (work_path == out_path or work_path.startswith(out_path + "/")):
-        raise ValueError(f"--work {work} lies inside --output {output}: publishing would delete it; put it beside")
-
-
 def default_work(output: storage.Uri) -> storage.Uri:
     path = output.path.rstrip("/")
     if not path or path == "/":
@@ -345,10 +337,13 @@ def run(prompts: Sequence[str], output: str, config: SampleConfig, model: str | 
     keeping what completed) when more units failed than max_failed_fraction allows."""
     started = time.monotonic()
     kind = choose_backend(config.backend, model, endpoint)
-    # In seconds, before any work: a bad output location, or one that is (inside) an input.
-    out = storage.check_output(output, [*prompts, *([model] if model else [])])
-    area = WorkArea(storage.Uri.parse(work) if work else default_work(out))
-    check_work_location(out, area.uri)
+    # In seconds, before any work: a bad output or work location, one that is (inside) an input or the other.
+    work_uri = str(work or default_work(storage.Uri.parse(output)))
+    out, work_loc = storage.check_writes([storage.Write("--output", output, "sample"),
+                                          storage.Write("--work", work_uri, "sample", published=False)],
+                                         [*prompts, *([model] if model else [])])
+    area = WorkArea(work_loc)
+    area.check_own()
     items = load_prompts(prompts, config, with_shipped=kind == "records")
     if config.max_prompts:
         items = items[: config.max_prompts]

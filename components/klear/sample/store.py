@@ -14,12 +14,14 @@ nothing that failed can be taken for done.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import re
 import secrets
-import shutil
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -177,11 +179,41 @@ class WorkArea:
         for name in names:
             yield name, self.read_shard(name)
 
+    def foreign_files(self) -> list[str]:
+        """Files in the work area that a work area never holds: someone else's, never to be deleted or read."""
+        return [rel for rel in storage.list_files(self.uri) if not is_work_file(rel)]
+
+    def check_own(self) -> None:
+        """Refuse a work area holding files that are not a work area's (a data folder given as --work, say)."""
+        foreign = self.foreign_files()
+        if foreign:
+            shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+            raise storage.InvalidOutputError(
+                f"--work {self.uri} holds {len(foreign)} files that are not a sample work area's ({shown}); the "
+                "work area is deleted when done (keep_work=false): choose an empty location or another stage's own")
+
     def delete_all(self) -> None:
+        """Delete the work area's own files, then the folder if nothing else is left in it."""
         for rel in storage.list_files(self.uri):
-            storage.delete(self.uri.join(rel))
-        if not self.uri.is_s3:  # local folders outlive their files
-            shutil.rmtree(self.uri.path, ignore_errors=True)
+            if is_work_file(rel):
+                storage.delete(self.uri.join(rel))
+        if not self.uri.is_s3:  # local folders outlive their files; remove the emptied ones only
+            root = Path(self.uri.path)
+            for folder in sorted((p for p in root.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+                with contextlib.suppress(OSError):
+                    folder.rmdir()
+            with contextlib.suppress(OSError):
+                root.rmdir()
+
+
+# What a work area holds: its settings, shards and their indexes, the report and failed units of a run that
+# failed, and the hidden temp files of an interrupted local write.
+_WORK_FILE = re.compile(r"(settings\.json|report\.json|report\.md|shards/[^/]+\.parquet|index/[^/]+\.json"
+                        r"|failed/[^/]+\.parquet|(.+/)?\.[^/]+)")
+
+
+def is_work_file(rel: str) -> bool:
+    return _WORK_FILE.fullmatch(rel) is not None
 
 
 def _index_bytes(table: pa.Table) -> bytes:

@@ -134,7 +134,8 @@ def run(samples: str, output: str, config: SftDataConfig, reference: str | None 
     """Build SFT records from the teacher `samples` and publish them to `output`; returns the report."""
     started = time.monotonic()
     tokenizer_uri = tokenizer or config.tokenizer or None
-    storage.check_output(output, [samples, *([reference] if reference else []), *([tokenizer_uri] if tokenizer_uri else [])])
+    storage.check_output(output, [samples, *([reference] if reference else []), *([tokenizer_uri] if tokenizer_uri else [])],
+                         stage="sft-data")
     tok = load_tokenizer(tokenizer_uri, config.chat_template) if tokenizer_uri else None  # fails before the work
     counts = _Counts()
     with storage.claim_output(output), tempfile.TemporaryDirectory(prefix="klear-sft-data-") as tmp, \

@@ -94,7 +94,8 @@ def run_stage(stage: TrainingStage, model: str, data: list[str], output: str, co
     log = logging.getLogger(f"klear.{stage.name}")
     # Refused in the first seconds, before the model loads: a bad or unreachable output, one that is an input
     # (`--output` = `--model` would overwrite the base model), a second run writing the same output.
-    storage.check_output(output, [model, *data])
+    storage.check_writes([storage.Write("--output", output, stage.name),
+                          *([storage.Write("--work-dir", work_dir, stage.name, published=False)] if work_dir else [])], [model, *data])
     with contextlib.ExitStack() as stack:
         if os.environ.get("RANK", "0") == "0":  # the rank that publishes holds the output for the whole run
             stack.enter_context(storage.claim_output(output))
