@@ -68,7 +68,7 @@ def test_evaluate_checks_the_sample_output_before_sampling(tmp_path: Path, bench
     out = tmp_path / "evx"
     done = _klear("evaluate", "--model", model, "--output", str(out), "--sample-output", str(out),
                   "--benchmark", str(benchmark), "--config", "tiny")
-    _refused(done, "--output", "contains --sample-output", "one would replace the other")
+    _refused(done, "--output", "is --sample-output", "one would replace the other")
     assert not out.exists(), "something was written before the refusal"
 
 
