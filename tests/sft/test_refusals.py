@@ -72,7 +72,7 @@ def test_output_equal_to_the_model_is_refused_before_work(stage: str, tiny_model
     before = {p.name: p.stat().st_mtime_ns for p in model.iterdir()}
     done = _klear(stage, "--model", str(model), "--data", _jsonl(tmp_path / "d.jsonl", [CHAT]),
                   "--output", str(model), "--config", "tiny" if stage == "sft" else "tiny-math", timeout=120)
-    assert done.returncode == 2 and "publishing would replace the input" in done.stderr, done.stderr[-2000:]
+    assert done.returncode == 2 and "writing there would replace the input" in done.stderr, done.stderr[-2000:]
     assert {p.name: p.stat().st_mtime_ns for p in model.iterdir()} == before
 
 

@@ -255,6 +255,7 @@ BENCHMARK_COUNT = 200
 
 def generate(output: str, math_count: int = 200, code_count: int = 16, seed: int = 0,
              arithmetic_count: int = ARITHMETIC_COUNT, benchmark_count: int = BENCHMARK_COUNT) -> dict[str, Any]:
+    storage.check_output(output, stage="demo-data")
     rng = random.Random(seed)
     math = math_items(math_count, rng)
     code = code_items(code_count, rng)

@@ -155,6 +155,7 @@ def build(output: str, spec: TinySpec | str = TinySpec()) -> dict[str, Any]:
     """Build the tiny model (a TinySpec, or the name of one in SPECS) and publish it to `output` (path, file:// or s3://)."""
     if isinstance(spec, str):
         spec = SPECS[spec]
+    storage.check_output(output, stage="tiny-model")
     with tempfile.TemporaryDirectory(prefix="klear-tiny-") as tmp:
         summary = save_tiny_model(Path(tmp), spec)
         storage.publish_dir(tmp, output, meta={"stage": "tiny-model", **summary})
