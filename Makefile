@@ -45,6 +45,7 @@ bench: install
 	$(BIN)/python benchmarks/bench_gppo_step.py
 	$(BIN)/python benchmarks/bench_sft.py
 	$(BIN)/python benchmarks/bench_sample.py
+	$(BIN)/python benchmarks/bench_fingerprint.py
 	$(BIN)/python benchmarks/gpu/bench_vllm_sample.py
 	$(BIN)/python benchmarks/bench_judge.py
 	$(BIN)/python benchmarks/bench_evaluate.py

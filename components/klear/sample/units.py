@@ -1,7 +1,9 @@
 """Prompts and work units: what is sampled, under which settings, and what is still missing.
 
 A work unit is (prompt id, sample index). It is done when a published shard holds it with the same prompt
-hash (the prompt text may not change under a kept id), under the same settings hash. Everything here is pure:
+hash, under the same settings hash. The prompt hash covers the whole input row and the chat sent: a change of
+anything a later stage reads (the reference `answer`, `tests`, a shipped trace) under a kept id samples the
+prompt's units anew instead of mixing rows of the old record with rows of the new. Everything here is pure:
 the stage reads and writes, these functions decide.
 """
 
@@ -30,7 +32,7 @@ class Prompt:
     source: str
     record: str  # the input row's other fields as JSON (curate's own `record` passed through)
     where: str  # file:line, for error messages
-    hash: str  # of `messages`
+    hash: str  # of the input row, its source name and `messages` (prompt_hash)
     # A teacher response shipped with the record (backend=records): raw texts or chat messages.
     shipped: tuple[Mapping[str, Any], ...] = field(default=(), compare=False)
 
@@ -39,6 +41,14 @@ def canonical_hash(value: Any, length: int = 16) -> str:
     """Hex digest of a JSON value with sorted keys: equal values, equal hashes, across processes and runs."""
     data = orjson.dumps(value, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS)
     return hashlib.sha256(data).hexdigest()[:length]
+
+
+def prompt_hash(row: Mapping[str, Any], source: str, chat: Sequence[Mapping[str, str]]) -> str:
+    """What a prompt's units are samples of: the whole input row (values JSON cannot hold, from Parquet, by
+    their text), the source name the output records and the chat sent (system prompt included)."""
+    data = orjson.dumps({"row": row, "source": source, "messages": chat}, default=str,
+                        option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS)
+    return hashlib.sha256(data).hexdigest()[:16]
 
 
 def unit_seed(base_seed: int, prompt_id: str, sample: int) -> int:
@@ -117,9 +127,10 @@ def prompt_from_row(located: Located, source: Source, index: int, prompt_field: 
     # Curate's rows carry the source row as JSON already: pass it through rather than nest it.
     others = passed if isinstance(passed, str) and set(record) <= {"id", "source", "prompt", "record"} else \
         orjson.dumps({k: v for k, v in record.items() if k != prompt_name}, default=str).decode()
+    source_name = str(record.get("source") or source.name)
     return Prompt(
         index=index, id=str(raw_id), messages=tuple(chat), text=chat[-1]["content"],
-        source=str(record.get("source") or source.name), record=others, where=where, hash=canonical_hash(chat),
+        source=source_name, record=others, where=where, hash=prompt_hash(record, source_name, chat),
     )
 
 
@@ -141,7 +152,7 @@ class Unit:
 
 def pending_units(prompts: Sequence[Prompt], counts: Sequence[int], done: Mapping[tuple[str, int], str]) -> list[Unit]:
     """Units not yet done, in prompt order (`counts[i]` samples of prompt i): done means present with the
-    prompt's current hash, so a prompt whose text changed under the same id is sampled anew."""
+    prompt's current hash, so a prompt whose row changed under the same id is sampled anew."""
     missing = []
     for i, (prompt, count) in enumerate(zip(prompts, counts, strict=True)):
         for j in range(count):

@@ -16,8 +16,7 @@ from typing import Any
 from klear.sample import reasoning
 from klear.sample.backends.base import BackendError, Completion, Request
 from klear.sample.config import SampleConfig
-from klear.sample.model_folder import chat_template, fingerprint, local_model
-from klear.sample.units import canonical_hash
+from klear.sample.model_folder import local_model, model_identity
 
 
 def finish_reason(tokens: Sequence[int], eos_ids: set[int], max_tokens: int) -> str:
@@ -33,8 +32,7 @@ class HFBackend:
         self.uri = model
         self.config = config
         self.path, manifest = local_model(model, stack)
-        self._identity = {"engine": "model", "model": fingerprint(self.path, manifest),
-                          "chat_template": canonical_hash(chat_template(self.path))}
+        self._identity = model_identity(model, self.path, manifest)
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 

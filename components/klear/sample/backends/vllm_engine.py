@@ -17,8 +17,7 @@ from typing import Any
 from klear.sample import reasoning
 from klear.sample.backends.base import BackendError, Completion, Request
 from klear.sample.config import SampleConfig
-from klear.sample.model_folder import chat_template, fingerprint, local_model
-from klear.sample.units import canonical_hash
+from klear.sample.model_folder import local_model, model_identity
 
 
 class VLLMBackend:
@@ -27,8 +26,7 @@ class VLLMBackend:
     def __init__(self, model: str, config: SampleConfig, stack: contextlib.ExitStack) -> None:
         self.uri, self.config = model, config
         self.path, manifest = local_model(model, stack)
-        self._identity = {"engine": "model", "model": fingerprint(self.path, manifest),
-                          "chat_template": canonical_hash(chat_template(self.path))}
+        self._identity = model_identity(model, self.path, manifest)
         try:
             import torch
             from vllm import LLM
