@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from klear.common.records import RecordError
-from klear.judge.io import file_tables, local_sample_files
+from klear.common.sample_rows import SampleKeys, file_tables, local_sample_files
 
 __all__ = ["SampleError", "SampleSource", "LocalSource", "open_source", "parse_sample_specs", "read_keys",
            "read_rows"]
@@ -75,13 +75,13 @@ def open_source(source: SampleSource) -> Iterator[LocalSource]:
 
 
 def read_keys(local: LocalSource, batch_rows: int = 65536) -> Iterator[tuple[str, int, str]]:
-    """(id, sample index, origin) of every row, reading only those two columns of Parquet files."""
+    """(id, sample index, origin) of every row, reading only those two columns of Parquet files; the reader
+    refuses a key twice in the source (naming both rows), `select_samples` a key in two sources of a label."""
+    keys = SampleKeys()
     for origin, path in local.files:
-        for table in file_tables(path, origin, batch_rows, ("id", "sample")):
+        for table in file_tables(path, origin, batch_rows, ("id", "sample"), keys):
             for pid, index in zip(table.column("id").to_pylist(), table.column("sample").to_pylist()):
-                if pid is None or index is None:
-                    raise SampleError(f"{origin}: a row with an empty id or sample index")
-                yield str(pid), int(index), origin
+                yield pid, index, origin
 
 
 def read_rows(local: LocalSource, wanted: Mapping[tuple[str, int], Any], batch_rows: int) -> Iterator[list[dict[str, Any]]]:

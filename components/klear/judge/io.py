@@ -1,118 +1,42 @@
-"""Reading sample rows (outputs of `klear sample` or `klear judge`, or plain files) and the judge's resume store.
+"""The judge's resume store, and judged rows for the stages that judge as they read (sft-data, rl-filter).
 
-Sample rows: `id`, `sample`, `response`, `finish_reason`, usually `prompt` and `record` (the prompt's source row
-as JSON); other columns pass through. Judged rows add the JUDGE_COLUMNS.
+Sample rows are read through klear.common.sample_rows (the contract: fields, types, no (id, sample) twice).
+Judged rows add the JUDGE_COLUMNS.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import io
 import json
 import logging
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from klear.common import storage
-from klear.common.records import RecordError, jsonl_chunks, parse_chunk
+from klear.common.sample_rows import REQUIRED, SampleInputError, iter_sample_tables
 from klear.judge.config import JudgeConfig
 from klear.judge.problems import Problem
 
-__all__ = ["DATA_SUFFIXES", "JUDGE_COLUMNS", "JUDGE_SCHEMA", "SampleInputError", "ScoreStore", "file_tables",
-           "fingerprint", "is_judged", "iter_sample_tables", "local_sample_files", "published_sample_files", "settings_key"]
+__all__ = ["JUDGE_COLUMNS", "JUDGE_SCHEMA", "SampleInputError", "ScoreStore", "fingerprint", "is_judged",
+           "iter_judged", "judgement_columns", "settings_key"]
 
 log = logging.getLogger("klear.judge")
 
-REQUIRED = ("id", "sample", "response")
-# Folders of a published output that hold sample rows, in order of preference: judged rows, then raw samples.
-SAMPLE_FOLDERS = ("judged", "samples")
 JUDGE_SCHEMA = pa.schema([
     ("kind", pa.string()), ("correct", pa.bool_()), ("score", pa.float64()), ("verdict", pa.string()),
     ("passed", pa.int32()), ("total", pa.int32()), ("extracted", pa.string()),
 ])
 JUDGE_COLUMNS = tuple(JUDGE_SCHEMA.names)
-DATA_SUFFIXES = (".parquet", ".jsonl", ".ndjson")
-
-
-class SampleInputError(RecordError):
-    """Sample rows that cannot be judged: missing columns, none at all, unreadable files; names the input."""
 
 
 def is_judged(names: Sequence[str]) -> bool:
     """Rows already judged (the judge's output): they carry `correct` and `verdict`."""
     return {"correct", "verdict"} <= set(names)
-
-
-def published_sample_files(files: Sequence[str]) -> list[str]:
-    """The data files of a published output that hold its sample rows (its manifest's file list)."""
-    data = sorted(f for f in files if f.endswith(DATA_SUFFIXES))
-    for folder in SAMPLE_FOLDERS:
-        chosen = [f for f in data if f.startswith(folder + "/")]
-        if chosen:
-            return chosen
-    return [f for f in data if "/" not in f]  # loose data files at the top, never another stage's side tables
-
-
-def file_tables(path: Path, origin: str, batch_rows: int, columns: Sequence[str] | None = None) -> Iterator[pa.Table]:
-    """Tables of up to `batch_rows` sample rows of one local Parquet or JSONL file, the REQUIRED columns checked
-    (a JSONL row by its line); `columns` keeps only those, and a Parquet file then reads only them. Errors name
-    `origin`, the file's URI."""
-    def missing_in(names: Sequence[str] | dict[str, Any]) -> list[str]:
-        return [c for c in REQUIRED if c not in names]
-
-    if origin.endswith(".parquet"):
-        try:
-            parquet = pq.ParquetFile(path)
-        except (pa.ArrowInvalid, OSError) as exc:
-            raise SampleInputError(f"{origin}: not a readable Parquet file ({exc})") from None
-        names = parquet.schema_arrow.names
-        if missing := missing_in(names):
-            raise SampleInputError(f"{origin}: sample rows lack {missing} (columns present: {names})")
-        chosen = [c for c in columns if c in names] if columns is not None else None
-        for batch in parquet.iter_batches(batch_size=batch_rows, columns=chosen):
-            yield pa.Table.from_batches([batch])
-        return
-    for chunk in jsonl_chunks(path, origin, batch_rows):
-        rows = []
-        for located in parse_chunk(chunk):  # malformed JSON and non-objects: RecordError naming file:line
-            row = located.record
-            if missing := missing_in(row):
-                raise SampleInputError(f"{located.where}: sample row lacks {missing} (fields: {sorted(row)[:12]})")
-            rows.append({c: row.get(c) for c in columns} if columns is not None else row)
-        if rows:
-            yield pa.Table.from_pylist(rows)
-
-
-@contextlib.contextmanager
-def local_sample_files(uri: str) -> Iterator[tuple[list[tuple[str, Path]], storage.Manifest | None]]:
-    """A sample source's data files on local disk as (origin URI, path), and its manifest (None for a plain file):
-    a published output's judged/ or samples/ files, fetched once (an unpublished folder is refused by name), or
-    one Parquet / JSONL file."""
-    loc = storage.Uri.parse(uri)
-    if storage.is_dir(loc):
-        with storage.fetch_published(loc) as (local, manifest):
-            yield [(str(loc.join(rel)), local / rel) for rel in published_sample_files(list(manifest.files))], manifest
-        return
-    if not storage.exists(loc):
-        raise FileNotFoundError(f"samples not found: {loc}")
-    if not str(loc).endswith(DATA_SUFFIXES):
-        raise SampleInputError(f"{loc}: unknown file type; expected a published output, .parquet or .jsonl")
-    with storage.localize(loc) as path:
-        yield [(str(loc), path)], None
-
-
-def iter_sample_tables(uri: str, batch_rows: int = 2048) -> Iterator[tuple[str, pa.Table]]:
-    """(origin, table of up to `batch_rows` rows) over a sample source (see `local_sample_files`), each table
-    checked for the required columns."""
-    with local_sample_files(uri) as (files, _):
-        for origin, path in files:
-            yield from ((origin, table) for table in file_tables(path, origin, batch_rows))
 
 
 # --------------------------------------------------------------------------- resume

@@ -34,9 +34,9 @@ import pyarrow as pa
 from klear.common import storage
 from klear.common.config import load_config
 from klear.common.records import ParquetShardWriter
+from klear.common.sample_rows import SampleInputError, iter_sample_tables
 from klear.judge.config import JudgeConfig
-from klear.judge.io import (JUDGE_COLUMNS, SampleInputError, ScoreStore, fingerprint, iter_sample_tables,
-                            judgement_columns, settings_key)
+from klear.judge.io import JUDGE_COLUMNS, ScoreStore, fingerprint, judgement_columns, settings_key
 from klear.judge.plots import histogram_png
 from klear.judge.pool import Judge, resolve_problems
 from klear.judge.problems import Problem, ProblemError, load_problems

@@ -29,26 +29,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from klear.common import storage
+from klear.common.sample_rows import SAMPLE_SCHEMA
 from klear.sample.backends.base import Completion
 from klear.sample.reasoning import render
 
-SCHEMA = pa.schema([
-    ("id", pa.string()),
-    ("sample", pa.int32()),
-    ("prompt", pa.string()),
-    ("response", pa.string()),
-    ("reasoning", pa.string()),
-    ("answer", pa.string()),
-    ("finish_reason", pa.string()),
-    ("prompt_tokens", pa.int32()),
-    ("completion_tokens", pa.int32()),
-    ("model", pa.string()),
-    ("source", pa.string()),
-    ("record", pa.string()),
-    ("seed", pa.int64()),
-    ("attempts", pa.int16()),
-    ("prompt_hash", pa.string()),
-])
+SCHEMA = SAMPLE_SCHEMA  # the sample-row contract every later stage reads them by
 FAILED_SCHEMA = pa.schema([
     ("id", pa.string()),
     ("sample", pa.int32()),
