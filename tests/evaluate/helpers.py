@@ -38,9 +38,10 @@ def program(body: str) -> str:
 
 
 def row(pid: str, sample: int, response: str, finish_reason: str = "stop", tokens: int | None = None,
-        record: dict[str, Any] | None = None) -> dict[str, Any]:
+        record: dict[str, Any] | None = None, prompt: str | None = None) -> dict[str, Any]:
+    """A sample row; without `prompt` it records none (evaluate then reports its prompts as not recorded)."""
     reasoning, _, answer = response.partition("</think>")
-    return {"id": pid, "sample": sample, "prompt": f"prompt of {pid}", "response": response,
+    return {"id": pid, "sample": sample, "prompt": prompt, "response": response,
             "reasoning": reasoning.removeprefix("<think>").strip(), "answer": answer.strip(),
             "finish_reason": finish_reason, "prompt_tokens": 10,
             "completion_tokens": tokens if tokens is not None else max(1, len(response) // 4), "model": "m",

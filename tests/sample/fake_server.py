@@ -11,6 +11,13 @@ behaviour, the last one repeating. Behaviours:
     hang      answers nothing for `hang_s` (past the client's timeout)    drop      closes the connection unanswered
     garbage   200 with a body that is not JSON
 
+Replies that look like successes but are not what they seem:
+
+    parts     content as a list of text parts (a valid OpenAI shape)     parts_think  Mistral-style thinking + text parts
+    null      content null, no reasoning                                 empty     content "", no reasoning
+    image     content holding only an image part                         other     answered by `other_model`
+    huge      usage.prompt_tokens 3000000000                              negative  usage.completion_tokens -95
+
 Without a plan every request gets `default` ("ok"). Responses are a deterministic function of (prompt, seed),
 so seeded runs can be compared. Every request is counted; the Authorization header is checked when a key is set.
 """
@@ -49,6 +56,7 @@ class FakeServer:
     bodies: list[dict[str, Any]] = field(default_factory=list)
     auth_seen: list[str | None] = field(default_factory=list)
     keep_bodies: bool = True
+    other_model: str = "some-other-model"
     obey_plans: bool = True  # False: a healed server, every request gets `default`
 
     def __post_init__(self) -> None:
@@ -107,10 +115,25 @@ def _completion(server: FakeServer, body: dict[str, Any], kind: str, prompt: str
     elif kind == "cut":
         message.update(content=None, reasoning=reasoning)
         finish = "length"
-    return {"id": "cmpl-1", "object": "chat.completion", "model": body.get("model"),
-            "choices": [{"index": 0, "message": message, "finish_reason": finish}],
-            "usage": {"prompt_tokens": len(prompt.split()), "completion_tokens": len(reasoning.split()) + 5,
-                      "total_tokens": 0}}
+    elif kind == "parts":
+        message.update(content=[{"type": "text", "text": answer[:6]}, {"type": "text", "text": answer[6:]}])
+    elif kind == "parts_think":
+        message.update(content=[{"type": "thinking", "thinking": [{"type": "text", "text": reasoning}]},
+                                {"type": "text", "text": answer}])
+    elif kind in ("null", "empty"):
+        message.update(content=None if kind == "null" else "")
+    elif kind == "image":
+        message.update(content=[{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}])
+    else:
+        message.update(content=answer, reasoning=reasoning)
+    usage = {"prompt_tokens": len(prompt.split()), "completion_tokens": len(reasoning.split()) + 5, "total_tokens": 0}
+    if kind == "huge":
+        usage["prompt_tokens"] = 3_000_000_000
+    elif kind == "negative":
+        usage["completion_tokens"] = -95
+    return {"id": "cmpl-1", "object": "chat.completion",
+            "model": server.other_model if kind == "other" else body.get("model"),
+            "choices": [{"index": 0, "message": message, "finish_reason": finish}], "usage": usage}
 
 
 def _handler(server: FakeServer) -> type[BaseHTTPRequestHandler]:

@@ -71,13 +71,14 @@ def _protocol_table(report: Mapping[str, Any]) -> Table:
 
 
 def _sources_table(report: Mapping[str, Any]) -> Table:
-    headers = ["label", "samples", "made by", "recorded sampling", "check"]
+    headers = ["label", "samples", "made by", "recorded sampling", "prompts", "check"]
     rows = []
     for label, sources in report["settings"]["samples"].items():
         for s in sources:
             recorded = s.get("sampling")
             shown = ", ".join(f"{k}={v}" for k, v in recorded.items()) if recorded else "unknown"
-            rows.append([label, s["uri"], s.get("stage") or "file", shown, s["check"]])
+            prompts = (s.get("prompts") or {}).get("check", "not checked")  # the rows' prompts vs the protocol's
+            rows.append([label, s["uri"], s.get("stage") or "file", shown, prompts, s["check"]])
     return headers, rows
 
 

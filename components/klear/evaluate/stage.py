@@ -15,7 +15,8 @@ Each problem counts its first k samples by sample index (k of its benchmark: 64 
 LiveCodeBench in the paper preset); fewer is an error naming the problems. Judging is klear.judge's: math on the
 last \\boxed{} after </think>, code as LiveCodeBench does (public + private tests, stop at the first failure,
 6 s per test, correct only if all pass); truncated responses are wrong. Samples whose recorded sampling settings
-differ from the protocol are refused (settings_check=warn reports them instead). `--model` (or `--endpoint`)
+differ from the protocol (a judge output's: those of the samples it judged), or whose rows were asked other prompts
+than the protocol's template gives, are refused (settings_check=warn reports them instead). `--model` (or `--endpoint`)
 samples first through klear.sample (one output per (kind, k) group under --sample-output, default
 <output>.samples), then scores; scoring never samples. Publishes, manifest last:
 
@@ -38,7 +39,7 @@ import logging
 import tempfile
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,7 @@ import pyarrow.parquet as pq
 
 from klear.common import storage
 from klear.common.config import ConfigError, load_config
+from klear.common.sample_rows import file_tables
 from klear.evaluate import plots
 from klear.evaluate.benchmarks import BenchmarkSet, load_benchmarks
 from klear.evaluate.config import EvaluateConfig
@@ -111,7 +113,10 @@ def check_sampling(recorded: Mapping[str, Any] | None, protocol: Mapping[str, An
 
 def _source_settings(local: LocalSource, protocol: Mapping[str, Any]) -> dict[str, Any]:
     settings = local.settings or {}
-    recorded = settings.get("sampling") if local.stage == "sample" else None
+    if local.stage == "judge":  # judged samples: the settings the judge carried on from its input
+        carried = local.meta.get("sample_settings")
+        settings = carried if isinstance(carried, dict) else {}
+    recorded = settings.get("sampling") if local.stage in ("sample", "judge") else None
     if not isinstance(recorded, dict):
         recorded = None
     state, details = check_sampling(recorded, protocol)
@@ -119,6 +124,62 @@ def _source_settings(local: LocalSource, protocol: Mapping[str, Any]) -> dict[st
              "unknown": "unknown: " + "; ".join(details)}[state]
     return {"uri": local.source.uri, "stage": local.stage, "state": state, "check": check,
             "sampling": recorded or None, "identity": settings.get("identity")}
+
+
+PROMPT_BATCH_ROWS = 4096  # LiveCodeBench prompts are kilobytes each
+
+
+def compare_prompts(rows: Iterable[tuple[str, str | None]], expected: Mapping[str, str]) -> dict[str, Any]:
+    """How the prompts the rows were asked compare with the protocol's prompt of their problem: rows checked,
+    rows asked something else (with the first one), rows that recorded no prompt."""
+    checked = differ = unrecorded = 0
+    first: dict[str, str] | None = None
+    for pid, prompt in rows:
+        if prompt is None:
+            unrecorded += 1
+            continue
+        checked += 1
+        if prompt != expected[pid]:
+            differ += 1
+            first = first or {"id": pid, "prompt": prompt, "protocol": expected[pid]}
+    return {"checked": checked, "differ": differ, "not_recorded": unrecorded, "first_difference": first}
+
+
+def _clip(text: str, limit: int = 80) -> str:
+    return repr(text if len(text) <= limit else text[:limit] + "...")
+
+
+def prompt_summary(found: Mapping[str, Any]) -> str:
+    """One line for the report and errors: the protocol's prompts, which differ, or none recorded."""
+    if found["differ"]:
+        first = found["first_difference"]
+        return (f"prompts: {found['differ']} of {found['checked']} scored rows were not asked the protocol's prompt "
+                f"(e.g. {first['id']}: {_clip(first['prompt'])}, where the protocol asks {_clip(first['protocol'])})")
+    if found["checked"]:
+        unrecorded = f"; {found['not_recorded']} rows without a prompt" if found["not_recorded"] else ""
+        return f"the protocol's prompts ({found['checked']} scored rows){unrecorded}"
+    return "not recorded (the rows carry no prompt)"
+
+
+def _scored_prompts(local: LocalSource, keys: Mapping[tuple[str, int], str]) -> Iterator[tuple[str, str | None]]:
+    """(id, prompt) of the source's rows chosen for scoring (a key is chosen from one file: its origin)."""
+    for origin, path in local.files:
+        for table in file_tables(path, origin, PROMPT_BATCH_ROWS, ("id", "sample", "prompt")):
+            ids, indices = table.column("id").to_pylist(), table.column("sample").to_pylist()
+            prompts = table.column("prompt").to_pylist() if "prompt" in table.column_names else [None] * len(ids)
+            for pid, index, prompt in zip(ids, indices, prompts):
+                if keys.get((str(pid), int(index))) == origin:
+                    yield str(pid), prompt if isinstance(prompt, str) else None
+
+
+def _check_prompts(info: dict[str, Any], local: LocalSource, selection: Selection, expected: Mapping[str, str]) -> None:
+    """Add the prompt check to a source's settings check: prompts other than the protocol's are a difference
+    like a sampling setting's (the model was asked something else)."""
+    found = compare_prompts(_scored_prompts(local, selection.keys), expected)
+    info["prompts"] = {**found, "check": prompt_summary(found)}
+    if found["differ"]:
+        earlier = [info["check"].removeprefix("DIFFERS: ")] if info["state"] == "differs" else []
+        info["state"], info["check"] = "differs", "DIFFERS: " + "; ".join([*earlier, info["prompts"]["check"]])
 
 
 # --------------------------------------------------------------------------- judging
@@ -216,6 +277,16 @@ def run(samples: Iterable[SampleSource | str], output: str, config: EvaluateConf
                                         "settings_check=warn to score them anyway, reported):\n" + "\n".join(differing))
         selections = {label: select_samples(label, (key for local in opened[label] for key in read_keys(local)),
                                             bench, config) for label in labels}
+        expected = {pid: item.prompt for pid, item in bench.problems.items()}
+        for label in labels:
+            for local, info in zip(opened[label], source_info[label]):
+                _check_prompts(info, local, selections[label], expected)
+        asked_otherwise = [f"{label}: {s['uri']}: {s['check']}" for label in labels for s in source_info[label]
+                           if s["prompts"]["differ"]]
+        if asked_otherwise and config.settings_check == "error":
+            raise SettingsMismatchError("samples taken with other prompts than the protocol's template (set "
+                                        "settings_check=warn to score them anyway, reported):\n"
+                                        + "\n".join(asked_otherwise))
         shortfalls = [line for label in labels for line in selections[label].shortfalls]
         if shortfalls:
             raise SampleError("too few samples for the protocol (no silent smaller k):\n" + "\n".join(shortfalls))

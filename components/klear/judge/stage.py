@@ -67,6 +67,21 @@ def load_problem_map(spec: str, task: str = "auto") -> dict[str, Problem]:
     return problems
 
 
+def sample_settings_of(samples: str) -> dict[str, Any] | None:
+    """The settings the input's samples were taken under, as `klear sample` recorded them (identity, sampling),
+    read from its manifest or carried by a judge output; None for a plain file or an output without them. The
+    judge output carries them on, so evaluate checks judged samples against the protocol as it checks raw ones."""
+    loc = storage.Uri.parse(samples)
+    if not storage.is_dir(loc):
+        return None
+    try:
+        meta = storage.read_manifest(loc).meta
+    except storage.UnpublishedOutputError:
+        return None  # the reader refuses it by name
+    settings = {"sample": meta.get("settings"), "judge": meta.get("sample_settings")}.get(str(meta.get("stage")))
+    return settings if isinstance(settings, dict) else None
+
+
 class _Tally:
     """Counts for the report, per task kind and verdict."""
 
@@ -114,6 +129,7 @@ def run(samples: str, output: str, config: JudgeConfig, problems: str | None = N
     started = time.monotonic()
     storage.check_output(output, [samples, *([problems] if problems else [])], stage="judge")
     problem_map = load_problem_map(problems, config.task) if problems else None
+    sampled_under = sample_settings_of(samples)
     tally = _Tally()
     with storage.claim_output(output) as lease, tempfile.TemporaryDirectory(prefix="klear-judge-") as tmp, \
             Judge(config) as judge:
@@ -150,6 +166,7 @@ def run(samples: str, output: str, config: JudgeConfig, problems: str | None = N
         rate_writer.close()
         elapsed = time.monotonic() - started
         report = _report(samples, problems, config, tally, rates, judge, elapsed)
+        report["sample_settings"] = sampled_under
         histogram_png(staging / "pass_rate_hist.png",
                       {kind: [r.pass_rate for r in rates if r.kind == kind and r.pass_rate is not None]
                        for kind in ("math", "code")},
@@ -157,7 +174,8 @@ def run(samples: str, output: str, config: JudgeConfig, problems: str | None = N
         (staging / "report.json").write_text(json.dumps(report, indent=2))
         (staging / "report.md").write_text(render_markdown(report))
         storage.publish_dir(staging, output, meta={"stage": "judge", "samples": tally.samples, "problems": len(rates),
-                                                   "settings_key": settings_key(config)})
+                                                   "settings_key": settings_key(config),
+                                                   "sample_settings": sampled_under})
     log.info("published %s: %d samples of %d problems judged (%.1f s)", output, tally.samples, len(rates), elapsed)
     return report
 

@@ -8,6 +8,12 @@ import pydantic
 
 from klear.common.config import StageConfig
 
+# Upper bounds of the counts: the int32 columns of the output (sample index, token counts), and what a run can
+# hold in memory or open at once; past them a value is a typo, refused at once rather than a hang or an overflow.
+INT32_MAX = 2**31 - 1
+MAX_SAMPLES = 65536
+MAX_SECONDS = 7 * 24 * 3600.0
+
 # The keys whose values change what a unit's response is. They (with the model's identity and chat template)
 # form the settings hash under which units are kept; a rerun with any of them changed is refused. `n` is not
 # one of them: sample j's seed does not depend on n, so raising n tops an output up instead of redoing it.
@@ -20,50 +26,63 @@ class SampleConfig(StageConfig):
 
     backend: Literal["auto", "openai", "vllm", "hf", "records"] = pydantic.Field(
         "auto", description="auto: openai with --endpoint, vllm with --model on a GPU, hf with --model on CPU")
-    n: int = pydantic.Field(16, ge=1, description="samples per prompt")
-    max_prompts: int = pydantic.Field(0, ge=0, description="sample only the first N prompts in source order (0 = all): "
-                                      "difficulty estimates on a subset, smoke tests")
+    n: int = pydantic.Field(16, ge=1, le=MAX_SAMPLES, description="samples per prompt")
+    max_prompts: int = pydantic.Field(0, ge=0, le=INT32_MAX, description="sample only the first N prompts in source "
+                                      "order (0 = all): difficulty estimates on a subset, smoke tests")
     temperature: float = pydantic.Field(0.6, ge=0.0, description="0 = greedy")
     top_p: float = pydantic.Field(0.95, gt=0.0, le=1.0)
-    top_k: int = pydantic.Field(0, ge=0, description="0 = off")
+    top_k: int = pydantic.Field(0, ge=0, le=INT32_MAX, description="0 = off")
     repetition_penalty: float = pydantic.Field(1.0, gt=0.0, description="1 = off")
-    max_tokens: int = pydantic.Field(32768, ge=1, description="max new tokens per sample")
-    seed: int = pydantic.Field(0, ge=0, description="base seed; sample j of prompt p uses a seed derived from (seed, p, j)")
+    max_tokens: int = pydantic.Field(32768, ge=1, le=INT32_MAX, description="max new tokens per sample")
+    seed: int = pydantic.Field(0, ge=0, le=2**63 - 1,
+                              description="base seed; sample j of prompt p uses a seed derived from (seed, p, j)")
     system_prompt: str = pydantic.Field("", description="system message put before every prompt ('' = none)")
     prompt_field: str = pydantic.Field("prompt", description="default prompt field of sources (per source: #prompt=...)")
     id_field: str = pydantic.Field("id", description="default id field of sources (per source: #id=...); required")
 
     # The endpoint client.
-    concurrency: int = pydantic.Field(64, ge=1, description="requests in flight")
-    request_timeout_s: float = pydantic.Field(3600.0, gt=0.0, description="wall-clock limit of one request")
-    connect_timeout_s: float = pydantic.Field(10.0, gt=0.0)
-    max_attempts: int = pydantic.Field(8, ge=1, description="attempts per unit before it is recorded as failed")
-    backoff_initial_s: float = pydantic.Field(1.0, ge=0.0, description="first retry delay; doubles per attempt")
-    backoff_max_s: float = pydantic.Field(60.0, ge=0.0, description="cap of the exponential delay")
-    retry_after_max_s: float = pydantic.Field(600.0, ge=0.0, description="cap on a server's Retry-After")
+    concurrency: int = pydantic.Field(64, ge=1, le=MAX_SAMPLES, description="requests in flight")
+    request_timeout_s: float = pydantic.Field(3600.0, gt=0.0, le=MAX_SECONDS,
+                                             description="wall-clock limit of one request")
+    connect_timeout_s: float = pydantic.Field(10.0, gt=0.0, le=MAX_SECONDS)
+    max_attempts: int = pydantic.Field(8, ge=1, le=1000,
+                                      description="attempts per unit before it is recorded as failed")
+    backoff_initial_s: float = pydantic.Field(1.0, ge=0.0, le=MAX_SECONDS,
+                                             description="first retry delay; doubles per attempt")
+    backoff_max_s: float = pydantic.Field(60.0, ge=0.0, le=MAX_SECONDS, description="cap of the exponential delay")
+    retry_after_max_s: float = pydantic.Field(600.0, ge=0.0, le=MAX_SECONDS,
+                                             description="cap on a server's Retry-After")
     api_key_env: str = pydantic.Field(
         "OPENAI_API_KEY", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
         description="name of the environment variable holding the API key (the key itself is never recorded)")
     api_flavor: Literal["vllm", "openai", "transformers"] = pydantic.Field(
         "vllm", description="where non-OpenAI parameters go: top-level (vllm, sglang), refused (openai), "
         "generation_config (transformers serve)")
-    extra_body: dict[str, Any] = pydantic.Field(default_factory=dict, description="merged into every request body")
+    extra_body: dict[str, Any] = pydantic.Field(
+        default_factory=dict, description="merged into every request body (not the keys a setting or the request "
+        "sets: those are refused)")
+    allow_model_mismatch: bool = pydantic.Field(
+        False, description="accept replies naming another model than --served-model (an alias); counted in the "
+        "report. Off: such a reply stops the run")
 
     # Local engines (vllm, hf).
-    tensor_parallel_size: int = pydantic.Field(0, ge=0, description="0 = every GPU of the pod")
+    tensor_parallel_size: int = pydantic.Field(0, ge=0, le=4096, description="0 = every GPU of the pod")
     gpu_memory_utilization: float = pydantic.Field(0.9, gt=0.0, le=1.0)
-    max_model_len: int = pydantic.Field(0, ge=0, description="0 = the model's own")
+    max_model_len: int = pydantic.Field(0, ge=0, le=INT32_MAX, description="0 = the model's own")
     engine_kwargs: dict[str, Any] = pydantic.Field(
         default_factory=dict, description="more vllm.LLM arguments, e.g. hf_overrides for YaRN")
-    batch_prompts: int = pydantic.Field(512, ge=1, description="prompts per vLLM call (a checkpoint between calls)")
+    batch_prompts: int = pydantic.Field(512, ge=1, le=INT32_MAX,
+                                       description="prompts per vLLM call (a checkpoint between calls)")
 
     # Bookkeeping.
-    shard_size: int = pydantic.Field(256, ge=1, description="completed units per shard written to the work area")
-    flush_seconds: float = pydantic.Field(300.0, gt=0.0, description="write a shard at least this often")
-    rows_per_part: int = pydantic.Field(100_000, ge=1, description="rows per published Parquet file")
+    shard_size: int = pydantic.Field(256, ge=1, le=INT32_MAX,
+                                    description="completed units per shard written to the work area")
+    flush_seconds: float = pydantic.Field(300.0, gt=0.0, le=MAX_SECONDS,
+                                         description="write a shard at least this often")
+    rows_per_part: int = pydantic.Field(100_000, ge=1, le=INT32_MAX, description="rows per published Parquet file")
     max_failed_fraction: float = pydantic.Field(
         0.0, ge=0.0, le=1.0, description="fraction of units that may fail without failing the stage")
-    progress_seconds: float = pydantic.Field(60.0, gt=0.0, description="interval of progress log lines")
+    progress_seconds: float = pydantic.Field(60.0, gt=0.0, le=MAX_SECONDS, description="interval of progress log lines")
     keep_work: bool = pydantic.Field(
         True, description="keep the work area's shards after publishing (a rerun then reads them, not the output)")
 

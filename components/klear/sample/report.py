@@ -35,8 +35,9 @@ def render_markdown(report: dict[str, Any]) -> str:
         "| setting | value |",
         "|---|---|",
     ]
+    sent = report.get("settings", {}).get("sampling") or {}  # as the server received them (extra_body included)
     for key in ("n", "temperature", "top_p", "top_k", "repetition_penalty", "max_tokens", "seed", "system_prompt"):
-        lines.append(f"| {key} | {config[key]!r} |")
+        lines.append(f"| {key} | {sent.get(key, config[key])!r} |")
     lines += [
         "",
         "| figure | value |",
@@ -51,6 +52,9 @@ def render_markdown(report: dict[str, Any]) -> str:
         f"| requests / retries | {speed['requests']} / {speed['retries']} |",
         f"| time | {speed['elapsed_s']} s |",
     ]
+    if units.get("model_mismatch"):
+        lines += ["", f"**{units['model_mismatch']} samples name another model than "
+                  f"{backend.get('served_model')!r}** (allow_model_mismatch): {report.get('models')}"]
     failures = report["failures"]
     if failures["by_kind"]:
         lines += ["", "## Failed units", "", "| kind | units |", "|---|---|"]

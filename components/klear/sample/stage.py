@@ -161,6 +161,10 @@ def run_settings(backend: Backend, config: SampleConfig) -> dict[str, Any]:
     sampling parameter."""
     identity = backend.identity()
     sampling = {} if identity.get("engine") == "records" else config.sampling_settings()
+    if identity.get("engine") == "endpoint":
+        from klear.sample.backends.openai_api import effective_sampling
+
+        sampling = effective_sampling(config)  # what the server receives, extra_body included
     return {"format": SETTINGS_FORMAT, "identity": identity, "sampling": sampling}
 
 
@@ -265,6 +269,7 @@ class Assembled:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     dropped: int = 0  # rows of shards not wanted now (prompts gone or changed, n lowered, duplicates)
+    models: Counter[str] = dataclasses.field(default_factory=Counter)  # the model each reply named
 
 
 def assemble(area: WorkArea, names: Sequence[str], wanted: dict[tuple[str, int], str], staging: Path,
@@ -285,6 +290,7 @@ def assemble(area: WorkArea, names: Sequence[str], wanted: dict[tuple[str, int],
         result.dropped += table.num_rows - kept.num_rows
         writer.write(kept)
         result.finish_reasons.update(kept.column("finish_reason").to_pylist())
+        result.models.update(kept.column("model").to_pylist())
         result.prompt_tokens += int(pc.sum(kept.column("prompt_tokens")).as_py() or 0)
         result.completion_tokens += int(pc.sum(kept.column("completion_tokens")).as_py() or 0)
     writer.close()
@@ -430,6 +436,13 @@ def build_report(*, prompts: Sequence[str], output: str, work: str, backend: Bac
     sampling_s, samples_per_s, tokens_per_s = progress.rates()
     rows = assembled.rows
     finish = dict(assembled.finish_reasons)
+    described = backend.describe()
+    served = described.get("served_model")  # endpoints only: rows naming another model (allow_model_mismatch)
+    mismatched = 0
+    if served:
+        from klear.sample.backends.openai_api import same_model
+
+        mismatched = sum(count for name, count in assembled.models.items() if not same_model(served, name))
     return {
         "stage": "sample",
         "published": published,
@@ -437,13 +450,15 @@ def build_report(*, prompts: Sequence[str], output: str, work: str, backend: Bac
         "prompts": {"uris": list(prompts), "count": n_prompts},
         "output": output,
         "work": work,
-        "backend": backend.describe(),
+        "backend": described,
         "settings_hash": digest,
         "settings": settings,
         "config": config.model_dump(mode="json"),
         "versions": versions(backend),
         "units": {"total": total, "done_before": done_before, "sampled": progress.ok, "failed": len(failed),
-                  "rows": rows, "duplicates_in_shards": scan_duplicates, "stale_rows_dropped": assembled.dropped},
+                  "rows": rows, "duplicates_in_shards": scan_duplicates, "stale_rows_dropped": assembled.dropped,
+                  "model_mismatch": mismatched},
+        "models": dict(assembled.models),
         "failures": {"by_kind": dict(Counter(r["error_kind"] for r in failed)),
                      "units": failed[:FAILED_LISTED]},
         "tokens": {"prompt": assembled.prompt_tokens, "completion": assembled.completion_tokens,

@@ -30,7 +30,7 @@ class Completion:
     completion_tokens: int | None = None
     model: str = ""
     attempts: int = 1
-    error_kind: str = ""  # failed units: timeout, connection, http_429, http_500, no_choices, ...
+    error_kind: str = ""  # failed units: timeout, connection, http_429, http_500, no_choices, empty_answer, ...
     error: str = ""
 
     @property

@@ -19,6 +19,7 @@ import json
 import logging
 import queue
 import random
+import re
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -39,7 +40,8 @@ _STOP = object()
 
 
 class BadResponse(ValueError):
-    """A 200 whose body is not a chat completion (no choices, an error object, not JSON): retried."""
+    """A 200 that is not a usable chat completion (no choices, an error object, not JSON, content without text, an
+    empty answer without reasoning, an impossible token count): a failed attempt, retried."""
 
     def __init__(self, kind: str, message: str) -> None:
         super().__init__(message)
@@ -73,14 +75,13 @@ def server_message(content: bytes, reason: str = "", limit: int = 500) -> str:
 
 def request_body(config: SampleConfig, served_model: str, request: Request) -> dict[str, Any]:
     """One chat-completion request for one unit: n is left at 1 (servers differ on n), seeded per unit."""
-    body: dict[str, Any] = {
-        "model": served_model,
-        "messages": [dict(m) for m in request.prompt.messages],
-        "max_tokens": config.max_tokens,
-        "temperature": config.temperature,
-        "top_p": config.top_p,
-        "seed": request.seed,
-    }
+    return {"model": served_model, "messages": [dict(m) for m in request.prompt.messages], **settings_body(config),
+            "seed": request.seed}
+
+
+def settings_body(config: SampleConfig) -> dict[str, Any]:
+    """The part of every request that carries the sampling settings, after flavour mapping and extra_body."""
+    body: dict[str, Any] = {"max_tokens": config.max_tokens, "temperature": config.temperature, "top_p": config.top_p}
     if config.api_flavor == "vllm":
         if config.top_k > 0:
             body["top_k"] = config.top_k
@@ -105,7 +106,59 @@ def check_flavor(config: SampleConfig) -> None:
                            "that take them as fields, or put them in extra_body")
 
 
-def parse_completion(payload: Any, request: Request, attempts: int, served_model: str) -> Completion:
+# extra_body keys that would replace what a request sets itself: the unit's prompt, model and seed, or a setting
+# under its own or another name (vLLM reads max_completion_tokens before max_tokens). Sent from extra_body, the
+# server would sample under values the recorded settings (and evaluate's protocol check) do not show.
+_REQUEST_KEYS = {"model": "--served-model", "messages": "the prompt", "seed": "seed (per unit)",
+                 "n": "one sample per request", "stream": "a whole answer per request"}
+_SETTING_KEYS = {"temperature": "temperature", "top_p": "top_p", "max_tokens": "max_tokens",
+                 "max_completion_tokens": "max_tokens", "max_new_tokens": "max_tokens", "top_k": "top_k",
+                 "repetition_penalty": "repetition_penalty", "generation_config": "temperature, top_p, top_k, "
+                 "repetition_penalty and max_tokens"}
+# What api_flavor=openai cannot send as a field: extra_body is the documented way, and it is recorded from there.
+_OPENAI_EXTRAS = ("top_k", "repetition_penalty")
+
+
+def check_extra_body(config: SampleConfig) -> None:
+    """Refuse extra_body keys that shadow the request's own fields or a sampling setting, naming the setting."""
+    for key in config.extra_body:
+        if key in _REQUEST_KEYS:
+            raise BackendError(f"extra_body.{key} would replace what each request sets itself ({_REQUEST_KEYS[key]}); "
+                               "remove it")
+        if key in _SETTING_KEYS and not (config.api_flavor == "openai" and key in _OPENAI_EXTRAS):
+            raise BackendError(f"extra_body.{key} shadows the setting {_SETTING_KEYS[key]}: set it with --set "
+                               f"{_SETTING_KEYS[key].split(',')[0]}=VALUE instead, so the recorded settings are the "
+                               "ones the server receives")
+
+
+def effective_sampling(config: SampleConfig) -> dict[str, Any]:
+    """The sampling settings as the server receives them (what is recorded and checked): the config's, with the
+    settings api_flavor=openai sends through extra_body. Conflicting duplicates are refused first."""
+    check_extra_body(config)
+    sampling = config.sampling_settings()
+    if config.api_flavor == "openai":
+        sampling.update({key: config.extra_body[key] for key in _OPENAI_EXTRAS if key in config.extra_body})
+    return sampling
+
+
+def check_endpoint_url(endpoint: str) -> None:
+    """An API root without credentials: a user:password or a query string (?token=...) would be sent with every
+    request and appear in logs and errors; the key belongs in the environment variable api_key_env names."""
+    if not endpoint.startswith(("http://", "https://")):
+        raise BackendError(f"--endpoint {redact_url(endpoint)!r} is not an http(s) URL (e.g. http://host:8000/v1)")
+    parts = urlsplit(endpoint)
+    userinfo = parts.username is not None or parts.password is not None
+    if userinfo or parts.query or parts.fragment:
+        what = [name for name, present in (("a user:password", userinfo), ("a query string", bool(parts.query)),
+                                           ("a fragment", bool(parts.fragment))) if present]
+        raise BackendError(f"--endpoint {redact_url(endpoint)} carries {' and '.join(what)} (not shown): give the API "
+                           "root only, and the key in $OPENAI_API_KEY (or the variable api_key_env names; in a "
+                           "pipeline, the Secret klear-endpoint, key api-key), which is sent as a Bearer token and "
+                           "never recorded")
+
+
+def parse_completion(payload: Any, request: Request, attempts: int, served_model: str,
+                     allow_model_mismatch: bool = False) -> Completion:
     if not isinstance(payload, dict):
         raise BadResponse("bad_body", f"body is a {type(payload).__name__}, not an object")
     choices = payload.get("choices")
@@ -120,30 +173,108 @@ def parse_completion(payload: Any, request: Request, attempts: int, served_model
     finish = str(choice.get("finish_reason") or "unknown")
     given = payload.get("usage")
     usage: dict[str, Any] = given if isinstance(given, dict) else {}
+    parsed = reasoning.from_message(normal_message(message), finish)
+    if parsed.reasoning is None and not parsed.answer.strip():
+        raise BadResponse("empty_answer", f"200 with an empty answer and no reasoning (finish_reason {finish}, "
+                          f"content {str(message.get('content'))[:100]!r})")
+    model = payload.get("model")
+    answered = model if isinstance(model, str) and model else served_model
+    if not same_model(served_model, answered) and not allow_model_mismatch:
+        raise ModelMismatchError(f"the endpoint answered with model {answered!r}, not --served-model "
+                                 f"{served_model!r}: its samples would be another model's. Name the model the "
+                                 "endpoint reports, or --set allow_model_mismatch=true where it reports an alias "
+                                 "(mismatches are then counted in the report)")
     return Completion(
         request=request,
-        parsed=reasoning.from_message(message, finish),
+        parsed=parsed,
         finish_reason=finish,
-        prompt_tokens=_int_or_none(usage.get("prompt_tokens")),
-        completion_tokens=_int_or_none(usage.get("completion_tokens")),
-        model=str(payload.get("model") or served_model),
+        prompt_tokens=token_count(usage, "prompt_tokens"),
+        completion_tokens=token_count(usage, "completion_tokens"),
+        model=answered,
         attempts=attempts,
     )
 
 
-def _int_or_none(value: Any) -> int | None:
-    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+class ModelMismatchError(BackendError):
+    """A reply from another model than --served-model: the run stops (unless allow_model_mismatch)."""
+
+
+# How servers name the model they were asked for: itself, at a revision (transformers serve: `path@main`), or a
+# dated snapshot of a hosted alias (`gpt-4o` answers as `gpt-4o-2024-08-06`).
+_SAME_MODEL = r"(@[^@/\s]+|-\d{4}-\d{2}-\d{2})?"
+
+
+def same_model(served: str, answered: str) -> bool:
+    """Whether a reply naming `answered` comes from the model requested as `served`."""
+    return re.fullmatch(re.escape(served) + _SAME_MODEL, answered) is not None
+
+
+# The text parts of a content list (OpenAI's [{"type": "text", "text": ...}], the Responses API's output_text),
+# and the reasoning parts some servers send the same way (Mistral's thinking, with text parts inside).
+_TEXT_PARTS = ("text", "output_text")
+_REASONING_PARTS = ("thinking", "reasoning")
+
+
+def _part_text(part: Any, where: str) -> str:
+    if isinstance(part, str):
+        return part
+    if isinstance(part, list):
+        return "".join(_part_text(p, where) for p in part)
+    if isinstance(part, dict):
+        for key in ("text", "thinking", "reasoning", "content"):
+            if key in part:
+                return _part_text(part[key], where)
+    raise BadResponse("bad_content", f"{where}: a part without text: {str(part)[:200]}")
+
+
+def normal_message(message: dict[str, Any]) -> dict[str, Any]:
+    """The message with `content` as text (or None) and reasoning parts moved to `reasoning`; a content shape
+    that holds no text (an image part, a number) is a bad reply, never an empty answer."""
+    content = message.get("content")
+    if content is None or isinstance(content, str):
+        return message
+    if not isinstance(content, list):
+        raise BadResponse("bad_content", f"message.content is a {type(content).__name__}, not text or a list of parts")
+    texts, thoughts = [], []
+    for i, part in enumerate(content):
+        kind = part.get("type", "text") if isinstance(part, dict) else "text"
+        if kind in _TEXT_PARTS:
+            texts.append(_part_text(part, f"message.content[{i}]"))
+        elif kind in _REASONING_PARTS:
+            thoughts.append(_part_text(part, f"message.content[{i}]"))
+        else:
+            raise BadResponse("bad_content", f"message.content[{i}] is a {kind!r} part, not text")
+    out = {**message, "content": "".join(texts)}
+    if thoughts and not any(isinstance(message.get(k), str) and message[k] for k in ("reasoning", "reasoning_content")):
+        out["reasoning"] = "".join(thoughts)
+    return out
+
+
+MAX_TOKENS_COUNT = 2**31 - 1  # the int32 columns of the output
+
+
+def token_count(usage: dict[str, Any], key: str) -> int | None:
+    """A usage count, checked: absent or null is unknown; anything but an integer in 0..2**31-1 is a bad reply
+    (retried), never a shard that cannot be written."""
+    value = usage.get(key)
+    if value is None:
+        return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_TOKENS_COUNT:
+        raise BadResponse("bad_usage", f"usage.{key} is {str(value)[:40]}, not a count in 0..{MAX_TOKENS_COUNT}")
+    return value
 
 
 class EndpointBackend:
     name = "openai"
 
     def __init__(self, endpoint: str, served_model: str, config: SampleConfig, api_key: str | None) -> None:
-        if not endpoint.startswith(("http://", "https://")):
-            raise BackendError(f"--endpoint {redact_url(endpoint)!r} is not an http(s) URL (e.g. http://host:8000/v1)")
+        check_endpoint_url(endpoint)
         if not served_model:
             raise BackendError("--endpoint needs --served-model: the model name the server serves")
         check_flavor(config)
+        check_extra_body(config)
         self.base_url = endpoint.rstrip("/")
         self.served_model = served_model
         self.config = config
@@ -272,7 +403,8 @@ class EndpointBackend:
                     header = response.headers.get("Retry-After")
                 verdict = classify_status(status)
                 if verdict == "ok":
-                    return parse_completion(orjson.loads(content), request, attempt, self.served_model)
+                    return parse_completion(orjson.loads(content), request, attempt, self.served_model,
+                                            config.allow_model_mismatch)
                 kind, error = f"http_{status}", server_message(content, str(response.reason or ""))
                 if verdict == "fatal":
                     raise BackendError(f"endpoint {redact_url(self.base_url)} answered {status} for model "
