@@ -24,6 +24,7 @@ import os
 
 from kfp import dsl
 
+from klear.common.component import digest_inputs
 from klear.common.images import GPU_IMAGE
 from klear.common.kfp_io import API_ENV, IMAGE_ENV, POD_NAME_ENV, POD_UID_ENV, RUN_ID_ENV, RUNTIME_ENV
 from klear.curate.component import curate
@@ -116,12 +117,21 @@ def _import(uri, kind, name: str) -> dsl.PipelineTask:
     return task.set_display_name(name)
 
 
+def _digest(what: str, uri="", second_uri="", third_uri="", uris=None):
+    """The content digest of what a cached task reads by URI, for its cache key: the key holds URIs and
+    artifacts, while the content behind them may change in place (a sample output topped up to a larger n).
+    Never cached itself: it must look at the content every run."""
+    task = digest_inputs(uri=uri, second_uri=second_uri, third_uri=third_uri, uris=[] if uris is None else uris)
+    task.set_display_name(f"digest: {what}").set_caching_options(False)
+    return _on_cluster(task, "1", "2Gi").output
+
+
 # --------------------------------------------------------------------------- stage tasks
 
 
-def _curate(sources, source_files, benchmark_uris, preset, run_root) -> dsl.PipelineTask:
+def _curate(sources, source_files, benchmark_uris, preset, overrides, run_root, digest) -> dsl.PipelineTask:
     task = curate(source_data=sources, source_files=source_files, benchmark_uris=benchmark_uris, preset=preset,
-                  overrides=[], run_root=run_root)
+                  overrides=overrides, run_root=run_root, input_digest=digest)
     return _deterministic(task.set_display_name("curate: dedup + 9-gram decontamination"), "16", "32Gi")
 
 
@@ -155,14 +165,15 @@ def _gppo(rl_task: str, policy, data, preset, run_root, gpus, nodes, cpu, memory
     return _runs_untrusted_code(_launches_training(task, nodes, gpus, cpu, memory, scheduling))
 
 
-def _rl_filter(rl_task: str, problems, filter_samples, benchmark_uris, preset, run_root) -> dsl.PipelineTask:
-    task = rl_filter(problems=problems, filter_samples=filter_samples, task=rl_task, preset=preset, overrides=[],
-                     benchmark_uris=benchmark_uris, run_root=run_root)
+def _rl_filter(rl_task: str, problems, filter_samples, benchmark_uris, preset, overrides, run_root,
+               digest) -> dsl.PipelineTask:
+    task = rl_filter(problems=problems, filter_samples=filter_samples, task=rl_task, preset=preset,
+                     overrides=overrides, benchmark_uris=benchmark_uris, run_root=run_root, input_digest=digest)
     task.set_display_name(f"rl-filter: {rl_task} (pass rate of the filter model)")
     return _runs_untrusted_code(_deterministic(task))
 
 
-def _evaluate(models: dict[str, dsl.PipelineTask], benchmark_uris, preset, run_root, name: str,
+def _evaluate(models: dict[str, dsl.PipelineTask], benchmark_uris, preset, overrides, run_root, digest, name: str,
               code: dict[str, dsl.PipelineTask] | None = None, folder: str = "evaluate") -> dsl.PipelineTask:
     """evaluate with up to three models side by side: `models` maps label -> its math sample task, in the
     order final, baseline, reference (RL, SFT, base); `code` the same for LiveCodeBench samples."""
@@ -174,7 +185,9 @@ def _evaluate(models: dict[str, dsl.PipelineTask], benchmark_uris, preset, run_r
         inputs |= {"code_samples": code[label].outputs["samples"],
                    "baseline_code_samples": code[base_label].outputs["samples"],
                    "reference_code_samples": code[ref_label].outputs["samples"]}
-    task = evaluate(**inputs, benchmark_uris=benchmark_uris, preset=preset, overrides=[], run_root=run_root, label=label, baseline_label=base_label, reference_label=ref_label, name=folder)
+    task = evaluate(**inputs, benchmark_uris=benchmark_uris, preset=preset, overrides=overrides, run_root=run_root,
+                    label=label, baseline_label=base_label, reference_label=ref_label, name=folder,
+                    input_digest=digest)
     task.set_display_name(name)
     return _runs_untrusted_code(_deterministic(task))
 
@@ -201,18 +214,26 @@ def klear_pipeline(
     filter_key_secret: str = ENDPOINT_SECRET,
     benchmark_uris: list = [],
     curate_preset: str = "paper",
+    curate_overrides: list = [],
     sample_preset: str = "paper",
     teacher_overrides: list = [],
     reference_overrides: list = ["n=8"],
-    filter_overrides: list = [],
+    filter_math_overrides: list = [],
+    filter_code_overrides: list = [],
     sft_data_preset: str = "paper",
+    sft_data_overrides: list = [],
     sft_preset: str = "paper",
     sft_overrides: list = [],
     rl_filter_preset: str = "paper",
+    rl_filter_math_overrides: list = [],
+    rl_filter_code_overrides: list = [],
     gppo_math_preset: str = "math",
+    gppo_math_overrides: list = [],
     gppo_code_preset: str = "code",
-    gppo_overrides: list = [],
+    gppo_code_overrides: list = [],
     evaluate_preset: str = "paper",
+    evaluate_overrides: list = [],
+    eval_sample_overrides: list = [],
     evaluate_code: bool = False,
     gpu_node_selector: dict = {},
     gpu_tolerations: list = [],
@@ -248,18 +269,28 @@ def klear_pipeline(
         benchmark_uris: Test sets: curate and rl-filter remove overlaps with them, evaluate scores them. Empty:
             the shipped AIME24/AIME25/HMMT25; LiveCodeBench code_generation_lite files are brought by you.
         curate_preset: curate config (paper: 9-gram decontamination).
+        curate_overrides: curate config overrides, "key=value" (e.g. "ngram_size=13").
         sample_preset: sampling config of every sample step (paper: T 0.6, top_p 0.95, 32K tokens, n 16).
         teacher_overrides: Sample overrides for the teacher ("backend=records" imports traces the sources ship).
         reference_overrides: Sample overrides for the reference model (k samples per prompt for difficulty).
-        filter_overrides: Sample overrides for the RL filter model.
+        filter_math_overrides: Sample overrides for the RL filter model on the math problems.
+        filter_code_overrides: Sample overrides for the RL filter model on the code problems.
         sft_data_preset: sft-data config (paper: keep every response; easy/hard threshold).
+        sft_data_overrides: sft-data config overrides, e.g. ["policy=drop_incorrect_on_easy"].
         sft_preset: sft config (paper: 32K, lr 8e-5 cosine to 4e-5, 4 epochs, ZeRO-3).
         sft_overrides: sft config overrides, "key=value".
         rl_filter_preset: rl-filter config (paper: >= 16 tests, pass rate > 0.5 of 16 samples).
+        rl_filter_math_overrides: rl-filter config overrides of the math set, e.g. ["keep_above=0.5"].
+        rl_filter_code_overrides: rl-filter config overrides of the code set, e.g. ["min_tests=8"].
         gppo_math_preset: math RL config (paper: lr 1e-6, mini-batch 16).
+        gppo_math_overrides: Overrides of the math RL run, e.g. ["loss=cispo"] for an ablation.
         gppo_code_preset: code RL config (paper: lr 5e-7, mini-batch 32).
-        gppo_overrides: Overrides of both RL runs, e.g. ["loss=cispo"] for an ablation.
+        gppo_code_overrides: Overrides of the code RL run, e.g. ["loss=cispo"] for an ablation.
         evaluate_preset: evaluation protocol (paper: avg@64 math, avg@8 LiveCodeBench, 32K; paper-64k: YaRN).
+        evaluate_overrides: evaluate config overrides, e.g. ["only=[aime24]"] or ["sampling.max_tokens=65536"]
+            (protocol settings such as sampling.* also set the evaluation sampling).
+        eval_sample_overrides: Sample overrides of the evaluation sampling that the protocol leaves open, e.g.
+            ["concurrency=64"]; the protocol's settings (n, temperature, top_p, max_tokens, ...) win.
         evaluate_code: Also sample and score LiveCodeBench (needs its files among benchmark_uris).
         run_root: Object-storage root of stage outputs (s3://bucket/runs): outputs and checkpoints go to
             <run_root>/<run id>/<stage> as they are made, so a retried pod resumes where its predecessor stopped.
@@ -283,7 +314,8 @@ def klear_pipeline(
     sampling = (sample_gpus, sample_cpu, sample_memory, scheduling)
     sources = _import(sources_uri, dsl.Dataset, "prompt sources")
     base = _import(base_model_uri, dsl.Model, "base model")
-    curated = _curate(sources.output, source_files, benchmark_uris, curate_preset, run_root).outputs["curated"]
+    curated = _curate(sources.output, source_files, benchmark_uris, curate_preset, curate_overrides, run_root,
+                      _digest("curate inputs", sources_uri, uris=benchmark_uris)).outputs["curated"]
 
     # SFT data: teacher traces, labelled by the reference model's pass rate (paper §5.1).
     teacher = _sample("teacher", curated, sample_preset, teacher_overrides, run_root, *sampling,
@@ -292,28 +324,34 @@ def klear_pipeline(
     reference = _sample("reference", curated, sample_preset, reference_overrides, run_root, *sampling,
                         model_uri=reference_model_uri)
     records = sft_data(teacher_samples=teacher.outputs["samples"], reference_samples=reference.outputs["samples"],
-                       target_model=base.output, preset=sft_data_preset, overrides=[], run_root=run_root)
+                       target_model=base.output, preset=sft_data_preset, overrides=sft_data_overrides,
+                       run_root=run_root, input_digest=_digest("sft-data inputs", base_model_uri))
     _runs_untrusted_code(_deterministic(records.set_display_name("sft-data: difficulty and policy")))
     tuned = _sft(base.output, records.outputs["records"], sft_preset, run_root, sft_gpus_per_node, sft_nodes,
                  sft_cpu, sft_memory, scheduling, sft_overrides)
 
     # RL data: problems the filter model solves reliably (label noise out), then math RL, then code RL.
     rl_data = {}
-    for rl_task, uri in (("math", rl_math_uri), ("code", rl_code_uri)):
+    for rl_task, uri, sampling_overrides, filtering_overrides in (
+            ("math", rl_math_uri, filter_math_overrides, rl_filter_math_overrides),
+            ("code", rl_code_uri, filter_code_overrides, rl_filter_code_overrides)):
         problems = _import(uri, dsl.Dataset, f"{rl_task} RL problems")
-        filtered = _sample(f"filter-{rl_task}", problems.output, sample_preset, filter_overrides, run_root,
+        filtered = _sample(f"filter-{rl_task}", problems.output, sample_preset, sampling_overrides, run_root,
                            *sampling, model_uri=filter_model_uri, endpoint=filter_endpoint,
                            served_model=filter_served_model, key_secret=filter_key_secret)
         rl_data[rl_task] = _rl_filter(rl_task, problems.output, filtered.outputs["samples"], benchmark_uris,
-                                      rl_filter_preset, run_root).outputs["rl_data"]
+                                      rl_filter_preset, filtering_overrides, run_root,
+                                      _digest(f"rl-filter {rl_task} inputs", uri, uris=benchmark_uris)
+                                      ).outputs["rl_data"]
     math_rl = _gppo("math", tuned.outputs["model"], rl_data["math"], gppo_math_preset, run_root, rl_gpus_per_node,
-                    rl_nodes, rl_cpu, rl_memory, scheduling, gppo_overrides)
+                    rl_nodes, rl_cpu, rl_memory, scheduling, gppo_math_overrides)
     code_rl = _gppo("code", math_rl.outputs["model"], rl_data["code"], gppo_code_preset, run_root,
-                    rl_gpus_per_node, rl_nodes, rl_cpu, rl_memory, scheduling, gppo_overrides)
+                    rl_gpus_per_node, rl_nodes, rl_cpu, rl_memory, scheduling, gppo_code_overrides)
 
     # Evaluation under the paper's protocol: the final model beside SFT and the base model.
-    prompts = evaluation_prompts(benchmark_uris=benchmark_uris, preset=evaluate_preset, overrides=[],
-                                 run_root=run_root)
+    benchmarks = _digest("benchmarks", uris=benchmark_uris)
+    prompts = evaluation_prompts(benchmark_uris=benchmark_uris, preset=evaluate_preset, overrides=evaluate_overrides,
+                                 sampling_overrides=eval_sample_overrides, run_root=run_root, input_digest=benchmarks)
     _deterministic(prompts.set_display_name("evaluate: benchmark prompts"), "2", "8Gi")
     models = {"rl": code_rl.outputs["model"], "sft": tuned.outputs["model"], "base": base.output}
 
@@ -323,10 +361,11 @@ def klear_pipeline(
                 for label, model in models.items()}
 
     math_samples = eval_samples("math")
-    _evaluate(math_samples, benchmark_uris, evaluate_preset, run_root, "evaluate: AIME / HMMT")
+    _evaluate(math_samples, benchmark_uris, evaluate_preset, evaluate_overrides, run_root, benchmarks,
+              "evaluate: AIME / HMMT")
     with dsl.If(evaluate_code == True):  # noqa: E712 - a pipeline condition, compiled, not a Python comparison
-        _evaluate(math_samples, benchmark_uris, evaluate_preset, run_root, "evaluate: AIME / HMMT / LiveCodeBench",
-                  code=eval_samples("code"), folder="evaluate-code")
+        _evaluate(math_samples, benchmark_uris, evaluate_preset, evaluate_overrides, run_root, benchmarks,
+                  "evaluate: AIME / HMMT / LiveCodeBench", code=eval_samples("code"), folder="evaluate-code")
 
 
 # --------------------------------------------------------------------------- single-stage reruns
@@ -334,7 +373,7 @@ def klear_pipeline(
 
 @dsl.pipeline(name="klear-curate", description="Rerun curate alone on existing prompt sources")
 def curate_pipeline(sources_uri: str, source_files: list, run_root: str, benchmark_uris: list = [],
-                    preset: str = "paper") -> dsl.Dataset:
+                    preset: str = "paper", overrides: list = []) -> dsl.Dataset:
     """Exact dedup and 9-gram decontamination of prompt sources.
 
     Args:
@@ -343,9 +382,11 @@ def curate_pipeline(sources_uri: str, source_files: list, run_root: str, benchma
         run_root: Object-storage root of this run's outputs (s3://bucket/runs).
         benchmark_uris: Test sets to decontaminate against; empty: the shipped AIME24/AIME25/HMMT25.
         preset: curate config (paper, tiny) or a YAML path.
+        overrides: Config overrides, "key=value" (e.g. "ngram_size=13").
     """
     sources = _import(sources_uri, dsl.Dataset, "prompt sources")
-    return _curate(sources.output, source_files, benchmark_uris, preset, run_root).outputs["curated"]
+    return _curate(sources.output, source_files, benchmark_uris, preset, overrides, run_root,
+                   _digest("curate inputs", sources_uri, uris=benchmark_uris)).outputs["curated"]
 
 
 @dsl.pipeline(name="klear-sample", description="Rerun sampling alone: a model or an endpoint on existing prompts")
@@ -392,7 +433,7 @@ def judge_pipeline(samples_uri: str, run_root: str, problems_uri: str = "", pres
     """
     samples = _import(samples_uri, dsl.Dataset, "samples")
     task = judge(samples=samples.output, problems_uri=problems_uri, preset=preset, overrides=overrides,
-                 run_root=run_root)
+                 run_root=run_root, input_digest=_digest("judge inputs", samples_uri, problems_uri))
     return _runs_untrusted_code(_deterministic(task.set_display_name("judge"))).outputs["judged"]
 
 
@@ -412,8 +453,9 @@ def sft_data_pipeline(teacher_samples_uri: str, reference_samples_uri: str, targ
     teacher = _import(teacher_samples_uri, dsl.Dataset, "teacher samples")
     reference = _import(reference_samples_uri, dsl.Dataset, "reference samples")
     target = _import(target_model_uri, dsl.Model, "target model (tokenizer)")
+    digest = _digest("sft-data inputs", teacher_samples_uri, reference_samples_uri, target_model_uri)
     task = sft_data(teacher_samples=teacher.output, reference_samples=reference.output, target_model=target.output,
-                    preset=preset, overrides=overrides, run_root=run_root)
+                    preset=preset, overrides=overrides, run_root=run_root, input_digest=digest)
     return _runs_untrusted_code(_deterministic(task.set_display_name("sft-data"))).outputs["records"]
 
 
@@ -444,7 +486,7 @@ def sft_pipeline(base_model_uri: str, data_uri: str, run_root: str, preset: str 
 
 @dsl.pipeline(name="klear-rl-filter", description="Rerun RL data filtering alone on existing problems and samples")
 def rl_filter_pipeline(problems_uri: str, filter_samples_uri: str, run_root: str, task: str = "math",
-                       benchmark_uris: list = [], preset: str = "paper") -> dsl.Dataset:
+                       benchmark_uris: list = [], preset: str = "paper", overrides: list = []) -> dsl.Dataset:
     """RL problems the filter model solves reliably, decontaminated against the test sets.
 
     Args:
@@ -454,10 +496,13 @@ def rl_filter_pipeline(problems_uri: str, filter_samples_uri: str, run_root: str
         task: math or code.
         benchmark_uris: Test sets to decontaminate against; empty: the shipped AIME24/AIME25/HMMT25.
         preset: rl-filter config (paper, tiny).
+        overrides: Config overrides, "key=value" (e.g. "keep_above=0.25", "judge.verifier.timeout_s=6").
     """
     problems = _import(problems_uri, dsl.Dataset, "RL problems")
     samples = _import(filter_samples_uri, dsl.Dataset, "filter-model samples")
-    return _rl_filter(task, problems.output, samples.output, benchmark_uris, preset, run_root).outputs["rl_data"]
+    digest = _digest("rl-filter inputs", problems_uri, filter_samples_uri, uris=benchmark_uris)
+    return _rl_filter(task, problems.output, samples.output, benchmark_uris, preset, overrides, run_root,
+                      digest).outputs["rl_data"]
 
 
 def _rl_rerun(rl_task, model_uri, data_uri, preset, overrides, run_root, gpus_per_node, nodes, cpu, memory,
@@ -516,7 +561,8 @@ def gppo_code_pipeline(model_uri: str, data_uri: str, run_root: str, preset: str
 
 @dsl.pipeline(name="klear-evaluate", description="Evaluate one model: sample the benchmarks, then score them")
 def evaluate_pipeline(model_uri: str, run_root: str, benchmark_uris: list = [], preset: str = "paper",
-                      sample_preset: str = "paper", gpus: str = GPUS, cpu: str = SAMPLE_CPU, memory: str = NODE_MEMORY,
+                      overrides: list = [], sample_preset: str = "paper", sample_overrides: list = [],
+                      gpus: str = GPUS, cpu: str = SAMPLE_CPU, memory: str = NODE_MEMORY,
                       gpu_node_selector: dict = {}, gpu_tolerations: list = []) -> dsl.Markdown:
     """AIME/HMMT pass@1 (avg@k) of one model under the paper's protocol.
 
@@ -525,7 +571,10 @@ def evaluate_pipeline(model_uri: str, run_root: str, benchmark_uris: list = [], 
         run_root: Object-storage root of this run's outputs (s3://bucket/runs).
         benchmark_uris: Test sets; empty: the shipped AIME24/AIME25/HMMT25.
         preset: Evaluation protocol (paper: avg@64, 32K; paper-64k: YaRN).
+        overrides: Evaluation config overrides, e.g. ["only=[aime24]"] (sampling.* also sets the protocol's sampling).
         sample_preset: Sampling config of the model.
+        sample_overrides: Sampling overrides the protocol leaves open, e.g. ["concurrency=64"] (the protocol's
+            settings win).
         gpus: GPUs of the sampling pod.
         cpu: CPU of the sampling pod.
         memory: Memory of the sampling pod.
@@ -533,19 +582,21 @@ def evaluate_pipeline(model_uri: str, run_root: str, benchmark_uris: list = [], 
         gpu_tolerations: Tolerations of the GPU pod.
     """
     model = _import(model_uri, dsl.Model, "model")
-    prompts = evaluation_prompts(benchmark_uris=benchmark_uris, preset=preset, overrides=[], run_root=run_root)
+    digest = _digest("benchmarks", uris=benchmark_uris)
+    prompts = evaluation_prompts(benchmark_uris=benchmark_uris, preset=preset, overrides=overrides,
+                                 sampling_overrides=sample_overrides, run_root=run_root, input_digest=digest)
     _deterministic(prompts.set_display_name("evaluate: benchmark prompts"), "2", "8Gi")
     math = _sample("eval-math", prompts.outputs["math_prompts"], sample_preset,
                    prompts.outputs["math_sample_overrides"], run_root, gpus, cpu, memory,
                    (gpu_node_selector, gpu_tolerations), model=model.output)
-    task = evaluate(samples=math.outputs["samples"], benchmark_uris=benchmark_uris, preset=preset, overrides=[],
-                    run_root=run_root, label="model")
+    task = evaluate(samples=math.outputs["samples"], benchmark_uris=benchmark_uris, preset=preset, overrides=overrides,
+                    run_root=run_root, label="model", input_digest=digest)
     return _runs_untrusted_code(_deterministic(task.set_display_name("evaluate"))).outputs["summary"]
 
 
 @dsl.pipeline(name="klear-evaluate-samples", description="Rescore saved samples (no sampling)")
 def evaluate_samples_pipeline(samples_uri: str, run_root: str, benchmark_uris: list = [], preset: str = "paper",
-                              label: str = "model") -> dsl.Markdown:
+                              overrides: list = [], label: str = "model") -> dsl.Markdown:
     """Score saved samples of a model again (another protocol, a fixed verifier) without sampling.
 
     Args:
@@ -553,11 +604,13 @@ def evaluate_samples_pipeline(samples_uri: str, run_root: str, benchmark_uris: l
         run_root: Object-storage root of this run's outputs (s3://bucket/runs).
         benchmark_uris: The test sets the samples answer; empty: the shipped AIME24/AIME25/HMMT25.
         preset: Evaluation protocol (paper, demo).
+        overrides: Config overrides, e.g. ["settings_check=warn"] or ["judge.verifier.allow_unconfined=true"].
         label: The model's name in the report.
     """
     samples = _import(samples_uri, dsl.Dataset, "samples")
-    task = evaluate(samples=samples.output, benchmark_uris=benchmark_uris, preset=preset, overrides=[],
-                    run_root=run_root, label=label)
+    task = evaluate(samples=samples.output, benchmark_uris=benchmark_uris, preset=preset, overrides=overrides,
+                    run_root=run_root, label=label, input_digest=_digest("evaluate inputs", samples_uri,
+                                                                         uris=benchmark_uris))
     return _runs_untrusted_code(_deterministic(task.set_display_name("evaluate"))).outputs["summary"]
 
 

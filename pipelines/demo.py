@@ -41,11 +41,12 @@ LABELS = ("base", "sft", "rl")
 DEMO = {
     "curate_preset": "tiny", "sample_preset": "tiny", "sft_data_preset": "tiny", "rl_filter_preset": "tiny",
     "sft_preset": "demo", "gppo_math_preset": "demo-math", "gppo_code_preset": "tiny-code", "evaluate_preset": "demo",
-    "teacher_overrides": ["backend=records", "n=1"], "filter_overrides": ["backend=records", "n=1"],
+    "teacher_overrides": ["backend=records", "n=1"], "filter_math_overrides": ["backend=records", "n=1"],
+    "filter_code_overrides": ["backend=records", "n=1"],
     "reference_overrides": ["n=1", "max_prompts=200"],
     "sample_gpus": "0", "sft_gpus_per_node": "0", "rl_gpus_per_node": "0",
 }
-QUICK: dict[str, Any] = {"gppo_overrides": ["max_steps=40"]}
+QUICK: dict[str, Any] = {"gppo_math_overrides": ["max_steps=40"], "gppo_code_overrides": ["max_steps=40"]}
 
 
 @contextlib.contextmanager

@@ -26,7 +26,7 @@ from typing import Any
 import yaml
 
 from klear.common import storage
-from klear.common.kfp_io import RUN_ID_ENV
+from klear.common.kfp_io import RUN_ID_ENV, URI_KEY
 from pipelines.compile import COMPILED
 
 
@@ -71,11 +71,16 @@ def as_declared(arguments: dict[str, Any], inputs: dict[str, Any]) -> dict[str, 
     return {name: fits(name, value) for name, value in arguments.items()}
 
 
-def _summary(location: storage.Uri) -> str:
-    """A stage output's report.md, or else its metrics.json, for the console."""
+def _summary(artifact: Any) -> str:
+    """For the console: a stage output's report.md, or else its metrics.json; an output that is a file of its
+    own (the Markdown summary klear-evaluate returns), that file."""
+    recorded = artifact.metadata.get(URI_KEY)
+    if not recorded:
+        own = Path(artifact.path)
+        return own.read_text() if own.is_file() else ""
     for name in ("report.md", "metrics.json"):
         with contextlib.suppress(FileNotFoundError):
-            return storage.read_bytes(location.join(name)).decode()
+            return storage.read_bytes(storage.Uri.parse(recorded).join(name)).decode()
     return ""
 
 
@@ -86,18 +91,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-root", default="", help="where stages publish (path or s3://); default: <workdir>/outputs")
     parser.add_argument("--arg", action="append", default=[], metavar="KEY=VALUE", help="pipeline argument (YAML value)")
     parser.add_argument("--cache", action="store_true", help="reuse unchanged tasks' outputs of earlier runs")
+    parser.add_argument("--compiled", type=Path, default=COMPILED, help="folder of the compiled pipelines")
     args = parser.parse_args(argv)
     arguments: dict[str, Any] = {"run_root": args.run_root or str((args.workdir / "outputs").resolve())}
     for item in args.arg:
         key, _, value = item.partition("=")
         arguments[key] = yaml.safe_load(value)
-    task = run_compiled(args.pipeline, args.workdir, arguments, cache=args.cache)
+    task = run_compiled(args.pipeline, args.workdir, arguments, args.compiled, cache=args.cache)
     output = task.outputs if not hasattr(task, "output") else {"output": task.output}
     for name, artifact in output.items():
         location = artifact.metadata.get("uri", artifact.uri)
         print(f"\n{name}: {location}")
         print(json.dumps({k: v for k, v in artifact.metadata.items() if k != "uri"}))
-        summary = _summary(storage.Uri.parse(location))
+        summary = _summary(artifact)
         if summary:
             print(summary)
     return 0

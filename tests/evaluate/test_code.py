@@ -4,6 +4,7 @@ date windows (inclusive, day level), judged as LiveCodeBench does with right, wr
 from __future__ import annotations
 
 import base64
+import json
 import pickle
 import zlib
 from pathlib import Path
@@ -66,11 +67,37 @@ def test_windows_are_inclusive_at_day_level(tmp_path: Path) -> None:
     assert bench.problems["abc200_b"].benchmarks == ("livecodebench_v5", "livecodebench_v6")
     assert bench.problems["lc-add"].problem.fn_name == "add" and bench.problems["lc-add"].problem.n_tests == 3
     assert STARTER in bench.problems["lc-add"].prompt
-    assert bench.shipped_math  # no math set given: the shipped ones are read (none of them selected here)
+    assert not bench.shipped_math  # no math benchmark selected: the shipped math sets are not read
     custom = load_config(EvaluateConfig, "tiny", [
         "benchmarks.july.kind=code", "benchmarks.july.k=2", "benchmarks.july.start=2024-07-01",
         "benchmarks.july.end=2024-07-31", "only=[july]"])
     assert load_benchmarks([lcb], custom).members == {"july": ["abc001_a"]}
+
+
+def test_a_code_only_protocol_reads_no_shipped_math_set(tmp_path: Path) -> None:
+    """A protocol of LiveCodeBench alone: the shipped AIME/HMMT sets, whose rows name benchmarks it does not
+    configure, are not read (they were, and the command failed with "benchmark 'aime24' has no protocol")."""
+    import yaml
+
+    from klear.cli import main
+    from klear.evaluate import config as evaluate_config
+
+    protocol = yaml.safe_load((Path(evaluate_config.__file__).parent / "presets" / "tiny.yaml").read_text())
+    protocol["benchmarks"] = {"livecodebench_v5": protocol["benchmarks"]["livecodebench_v5"] | {"k": 4}}
+    protocol["judge"]["verifier"]["timeout_s"] = 1
+    config = tmp_path / "code-only.yaml"
+    config.write_text(yaml.safe_dump(protocol))
+    lcb = write_jsonl(lcb_rows(), tmp_path / "test5.jsonl")
+    samples = publish_samples([r for r in code_samples() if r["id"] in ("abc100_a", "abc200_b")],
+                              str(tmp_path / "samples"))
+    out = tmp_path / "eval"
+    assert main(["evaluate", "--samples", samples, "--benchmark", lcb, "--output", str(out), "--config",
+                 str(config)]) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert list(report["benchmarks"]) == ["livecodebench_v5"]
+    assert (report["benchmarks"]["livecodebench_v5"]["problems"], report["benchmarks"]["livecodebench_v5"]["correct"]) \
+        == (2, 3)
+    assert not any("shipped" in note for note in report["notes"])
 
 
 def test_a_hostile_row_in_a_window_names_the_problem(tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from google.protobuf import json_format
@@ -216,3 +217,114 @@ def test_multi_node_jobs_run_the_image_compiled_in(tmp_path: Path, repo_root: Pa
         assert job["spec"]["runtimeRef"]["name"] == "klear-torch-distributed"
         names.add(job["metadata"]["name"])
     assert len(names) == 2
+
+
+def _all_tasks(spec) -> dict[str, Any]:
+    """Every task of the pipeline: the root DAG's and those inside conditions (sub-DAG components)."""
+    tasks = dict(spec.root.dag.tasks)
+    for component in spec.components.values():
+        if component.WhichOneof("implementation") == "dag":
+            tasks |= dict(component.dag.tasks)
+    return tasks
+
+
+def _pipeline_input(parameter) -> str:
+    """The pipeline parameter a task input reads ("" if none); inside a condition it is a `pipelinechannel--`."""
+    return parameter.component_input_parameter.removeprefix("pipelinechannel--")
+
+
+# klear-reasoner: the pipeline parameter of each stage task's overrides (display-name prefix -> parameter).
+RECIPE_OVERRIDES = {
+    "curate": "curate_overrides", "sample: teacher": "teacher_overrides", "sample: reference": "reference_overrides",
+    "sample: filter-math": "filter_math_overrides", "sample: filter-code": "filter_code_overrides",
+    "sft-data": "sft_data_overrides", "sft:": "sft_overrides", "rl-filter: math": "rl_filter_math_overrides",
+    "rl-filter: code": "rl_filter_code_overrides", "math RL: GPPO": "gppo_math_overrides",
+    "code RL: GPPO": "gppo_code_overrides", "evaluate: benchmark prompts": "evaluate_overrides",
+    "evaluate: AIME / HMMT": "evaluate_overrides",
+}
+
+
+def test_every_stage_task_takes_overrides_from_a_run_time_parameter(compiled: Path) -> None:
+    """Every setting is reachable per run from the UI: each stage task's `overrides` is a described pipeline
+    parameter (the evaluation's sample tasks: the protocol's settings after the run's own sample overrides)."""
+    for name in STAGE_PIPELINES:
+        spec = validate(compiled / f"{name}.yaml")
+        parameters = spec.root.input_definitions.parameters
+        tasks = _all_tasks(spec)
+        for pname, definition in parameters.items():
+            if pname.endswith("overrides"):
+                assert definition.description.strip(), (name, pname)  # the `Args:` line, shown in the UI
+        for tname, task in tasks.items():
+            component = spec.components[task.component_ref.name]
+            if "overrides" not in component.input_definitions.parameters:
+                continue
+            given = task.inputs.parameters["overrides"]
+            if given.task_output_parameter.producer_task:  # the protocol's settings, from the prompts step
+                producer = tasks[given.task_output_parameter.producer_task]
+                assert producer.component_ref.name.startswith("comp-evaluation-prompts"), (name, tname)
+                assert _pipeline_input(producer.inputs.parameters["sampling_overrides"]) in parameters, (name, tname)
+            elif _pipeline_input(given).startswith("evaluation-prompts"):  # the same, inside a condition
+                assert _pipeline_input(given).endswith("_sample_overrides"), (name, tname)
+            else:
+                assert _pipeline_input(given) in parameters, (name, tname, given)
+    recipe = validate(compiled / "klear-reasoner.yaml")
+    wired = {prefix: _pipeline_input(recipe.root.dag.tasks[_task_named(recipe, prefix)].inputs.parameters["overrides"])
+             for prefix in RECIPE_OVERRIDES}
+    assert wired == RECIPE_OVERRIDES
+    prompts = recipe.root.dag.tasks[_task_named(recipe, "evaluate: benchmark prompts")]
+    assert _pipeline_input(prompts.inputs.parameters["sampling_overrides"]) == "eval_sample_overrides"
+    (code_evaluate,) = [t for t in _all_tasks(recipe).values()
+                        if t.task_info.name.startswith("evaluate: AIME / HMMT /")]
+    assert _pipeline_input(code_evaluate.inputs.parameters["overrides"]) == "evaluate_overrides"
+    assert "gppo_overrides" not in recipe.root.input_definitions.parameters  # one ablation no longer changes both
+    for name in ("klear-curate", "klear-rl-filter", "klear-evaluate", "klear-evaluate-samples"):
+        spec = validate(compiled / f"{name}.yaml")
+        stage = [t for t in spec.root.dag.tasks.values() if "overrides" in t.inputs.parameters
+                 and t.inputs.parameters["overrides"].component_input_parameter]
+        assert stage and all(_pipeline_input(t.inputs.parameters["overrides"]) == "overrides" for t in stage), name
+
+
+def test_the_demo_passes_only_parameters_the_recipe_takes(compiled: Path) -> None:
+    from pipelines.demo import pipeline_arguments
+
+    parameters = validate(compiled / "klear-reasoner.yaml").root.input_definitions.parameters
+    inputs = {"data": "s3://b/data", "model": "s3://b/model", "benchmark": "s3://b/data/demo_benchmark.jsonl"}
+    for quick in (False, True):
+        arguments = pipeline_arguments(inputs, "s3://b/runs", quick)
+        assert set(arguments) <= set(parameters), set(arguments) - set(parameters)
+        assert arguments.get("gppo_math_overrides") == arguments.get("gppo_code_overrides")
+
+
+def _executor_kinds(spec) -> dict[str, str]:
+    executors = json_format.MessageToDict(spec.deployment_spec)["executors"]
+    return {label: next(iter(executor)) for label, executor in executors.items()}  # container or importer
+
+
+def test_cached_tasks_key_on_the_content_of_what_they_read(compiled: Path) -> None:
+    """KFP's cache key holds URIs and artifacts, not their content, and outputs change in place (a sample output
+    topped up): every cached stage task takes the digest of each URI it reads, directly or through an importer,
+    from a digest step that is never cached itself."""
+    for name in STAGE_PIPELINES:
+        spec = validate(compiled / f"{name}.yaml")
+        kinds = _executor_kinds(spec)
+        tasks = spec.root.dag.tasks
+        cached = [tname for tname, task in tasks.items() if task.caching_options.enable_cache
+                  and kinds[spec.components[task.component_ref.name].executor_label] == "container"]
+        assert cached or name in ("klear-sample", "klear-sft", "klear-gppo-math", "klear-gppo-code"), name
+        for tname in cached:
+            task = tasks[tname]
+            digest = task.inputs.parameters["input_digest"].task_output_parameter.producer_task
+            assert digest and tasks[digest].component_ref.name.startswith("comp-digest-inputs"), (name, tname)
+            assert not tasks[digest].caching_options.enable_cache, (name, digest)
+            digested = {_pipeline_input(p) for p in tasks[digest].inputs.parameters.values()} - {""}
+            read = {_pipeline_input(p) for p in task.inputs.parameters.values()
+                    if _pipeline_input(p).endswith(("_uri", "_uris"))}
+            for artifact in task.inputs.artifacts.values():
+                producer = tasks[artifact.task_output_artifact.producer_task]
+                if kinds[spec.components[producer.component_ref.name].executor_label] == "importer":
+                    read.add(_pipeline_input(producer.inputs.parameters["uri"]))
+            assert read and read <= digested, (name, tname, read - digested)
+    recipe = validate(compiled / "klear-reasoner.yaml")
+    (code_evaluate,) = [t for t in _all_tasks(recipe).values()
+                        if t.task_info.name.startswith("evaluate: AIME / HMMT /")]
+    assert "digest-inputs" in _pipeline_input(code_evaluate.inputs.parameters["input_digest"])

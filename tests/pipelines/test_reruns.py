@@ -119,3 +119,69 @@ def test_a_second_run_reuses_deterministic_stages(compiled: Path, s3_bucket: str
     assert third != first and len(_runs(run_root)) == 2
     assert json.loads(storage.read_bytes(storage.Uri.parse(third).join("report.json")))["per_source"].keys() == {
         "math", "code"}
+
+
+def _run_local(arguments: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[str, str]:
+    """`python -m pipelines.run_local ...` in this process: the output's URI line and everything it printed."""
+    from pipelines.run_local import main
+
+    assert main(arguments) == 0
+    printed = capsys.readouterr().out
+    (uri,) = [line.split(": ", 1)[1] for line in printed.splitlines() if line.startswith("output: ")]
+    return uri, printed
+
+
+def _klear_sample(prompts: str, output: str, n: int) -> None:
+    from klear.cli import main
+
+    assert main(["sample", "--prompts", prompts, "--output", output, "--config", "tiny", "--set", "backend=records",
+                 "--set", f"n={n}"]) == 0
+
+
+@pytest.mark.slow
+def test_a_cache_hit_needs_the_same_input_content(compiled: Path, s3_bucket: str, tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """`run_local klear-judge --cache` on a sample output: unchanged, the second run is served from the cache; after
+    the output is topped up in place from n=2 to n=6 (the same URI), the third judges again, all 30 samples (it
+    served the 10-sample result before)."""
+    rows = [{"id": f"p{i}", "prompt": f"What is {i} + 1?", "answer": str(i + 1),
+             "generations": [_answer(i + 1 + k % 2) for k in range(6)]} for i in range(5)]
+    prompts = _put_jsonl(f"{s3_bucket}/inputs/prompts.jsonl", rows)
+    samples, run_root = f"{s3_bucket}/samples/teacher", f"{s3_bucket}/runs"
+    command = ["klear-judge", "--workdir", str(tmp_path / "kfp"), "--compiled", str(compiled), "--cache",
+               "--run-root", run_root, "--arg", f"samples_uri={samples}", "--arg", "preset=tiny"]
+
+    def judged(uri: str) -> dict:
+        return json.loads(storage.read_bytes(storage.Uri.parse(uri).join("report.json")))["totals"]
+
+    _klear_sample(prompts, samples, 2)
+    first, _ = _run_local(command, capsys)
+    assert judged(first)["samples"] == 10
+    again, _ = _run_local(command, capsys)
+    assert again == first and len(_runs(run_root)) == 1  # same content: served from the cache
+    _klear_sample(prompts, samples, 6)  # topped up in place
+    third, _ = _run_local(command, capsys)
+    assert third != first and len(_runs(run_root)) == 2
+    assert judged(third)["samples"] == 30 and judged(third)["correct"] == 15
+
+
+@pytest.mark.slow
+def test_evaluate_samples_through_run_local_with_overrides(compiled: Path, s3_bucket: str, tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """`run_local klear-evaluate-samples` prints the summary it returns (it died reading `summary/report.md`), and
+    its `overrides` reach the evaluate task: 2 samples a problem fail the demo protocol's k=4 unless k=2 is set."""
+    from klear.demo import tasks
+
+    items = tasks.benchmark_items(4, seed=0)
+    benchmark = _put_jsonl(f"{s3_bucket}/inputs/bench.jsonl", items)
+    prompts = _put_jsonl(f"{s3_bucket}/inputs/prompts.jsonl", [
+        {"id": r["id"], "prompt": r["problem"], "generations": [_answer(int(r["answer"])), _answer(0)]} for r in items])
+    samples = f"{s3_bucket}/samples/model"
+    _klear_sample(prompts, samples, 2)
+    command = ["klear-evaluate-samples", "--workdir", str(tmp_path / "kfp"), "--compiled", str(compiled),
+               "--run-root", f"{s3_bucket}/runs", "--arg", f"samples_uri={samples}",
+               "--arg", f"benchmark_uris=[{benchmark}]", "--arg", "preset=demo"]
+    with pytest.raises(RuntimeError):
+        _run_local(command, capsys)  # the protocol's k=4: too few samples
+    _, printed = _run_local([*command, "--arg", "overrides=[benchmarks.demo.k=2]"], capsys)
+    assert "Demo column addition" in printed and "50.0" in printed

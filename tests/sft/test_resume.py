@@ -122,3 +122,27 @@ def test_restart_at_an_epoch_boundary_trains_the_remaining_epochs(tiny_model: st
     assert second["training"]["global_step"] == 2 * per_epoch and second["training"]["epochs"] == pytest.approx(2.0)
     assert second["training"]["checkpoints_published"] == [2 * per_epoch]  # epoch 2 really ran
     assert second["metrics"]["final_loss"] == pytest.approx(first["metrics"]["final_loss"], rel=1e-4)
+
+
+def test_rotation_removes_whole_checkpoint_folders(tmp_path: Path) -> None:
+    """Rotating to keep_checkpoints=1 on local storage: an older checkpoint goes with its folders (its tensorboard/
+    copy included), not only its files."""
+    from types import SimpleNamespace
+
+    from torch.utils.tensorboard import SummaryWriter
+
+    output, trainer_dir = str(tmp_path / "out"), tmp_path / "trainer"
+    writer = SummaryWriter(log_dir=str(tmp_path / "logs"))
+    uploader = checkpoints.CheckpointUploader(output, tmp_path / "staging", keep=1, tensorboard=writer)
+    for step in (10, 20):
+        local = trainer_dir / f"checkpoint-{step}"
+        local.mkdir(parents=True)
+        (local / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+        writer.add_scalar("train/loss", 1.0 / step, step)
+        uploader.on_save(SimpleNamespace(output_dir=str(trainer_dir), world_size=1),
+                         SimpleNamespace(global_step=step, is_world_process_zero=True), None)
+        uploader.wait()
+    writer.close()
+    assert checkpoints.published_steps(output) == [20]
+    assert [p.name for p in (tmp_path / "out" / checkpoints.CHECKPOINTS).iterdir()] == ["step-000000020"]
+    assert any((tmp_path / "out" / checkpoints.CHECKPOINTS / "step-000000020" / checkpoints.TENSORBOARD).iterdir())

@@ -12,6 +12,7 @@ cluster the pipeline sets KLEAR_RUN_ID from the pod's `pipeline/runid` label (do
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Iterable
@@ -54,6 +55,17 @@ def input_location(artifact: Any) -> str:
         return path
     # dsl.importer under kfp.local does not download s3:// URIs; read them where they are.
     return artifact.uri
+
+
+def inputs_digest(specs: Iterable[str]) -> str:
+    """One sha256 over the content of the inputs a stage reads by URI ("" skipped; a `#...` field mapping is kept
+    beside the content it maps). KFP's cache key holds a URI, not what it points at, and outputs change in place
+    by design (sample tops up to a larger n): a cached task takes this digest as an input, so a cache hit is
+    served only for the same content."""
+    from klear.common import storage
+
+    parts = [(spec, storage.content_digest(spec.partition("#")[0])) for spec in specs if spec.partition("#")[0]]
+    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()
 
 
 def record_output(artifact: Any, location: str, extra: dict[str, Any] | None = None) -> None:

@@ -17,8 +17,14 @@ def curate(
     curated: Output[Dataset],
     summary: Output[Markdown],
     metrics: Output[Metrics],
+    input_digest: str = "",
 ):
-    """Exact dedup and n-gram decontamination of the prompt sources in `source_data`."""
+    """Exact dedup and n-gram decontamination of the prompt sources in `source_data`.
+
+    Args:
+        input_digest: the content digest of the inputs read by URI (the digest_inputs step): part of KFP's
+            cache key, so a cached result is served only for the same content; recorded in the output's metadata.
+    """
     from klear.common import kfp_io
     from klear.common.config import load_config
     from klear.curate.config import CurateConfig
@@ -29,5 +35,6 @@ def curate(
     sources = [f"{root}/{name}" for name in source_files]
     target = kfp_io.output_location(run_root, "curate")
     report = run(sources, target, load_config(CurateConfig, preset, overrides), benchmark_uris or None)
-    kfp_io.record_output(curated, target, {"kept": report["totals"]["kept"], "read": report["totals"]["read"]})
+    kfp_io.record_output(curated, target, {"kept": report["totals"]["kept"], "read": report["totals"]["read"],
+                                             "input_digest": input_digest})
     kfp_io.publish_report(summary, render_markdown(report), metrics, report["totals"].items())

@@ -129,16 +129,23 @@ def _load_file(spec: str, config: EvaluateConfig, found: BenchmarkSet) -> dict[s
     return counts
 
 
+def shipped_math_sets(config: EvaluateConfig) -> list[str]:
+    """The shipped sets (AIME24/AIME25/HMMT25) that are selected math benchmarks of the protocol: a code-only or
+    custom-math protocol reads none of them (their rows would name benchmarks it does not configure)."""
+    return [name for name, b in config.selected().items() if b.kind == "math" and name in testsets.NAMES]
+
+
 def load_benchmarks(uris: Sequence[str], config: EvaluateConfig) -> BenchmarkSet:
     """Every problem of the selected benchmarks in the given files (JSONL/Parquet, local or S3). Without a math set
-    among them, the shipped AIME24/AIME25/HMMT25 sets are read too."""
+    among them, the shipped AIME24/AIME25/HMMT25 sets that the protocol selects are read too."""
     found = BenchmarkSet()
     for uri in uris:
         counts = _load_file(uri, config, found)
         found.sources.append({"uri": uri, **counts})
-    if not any(s["math"] for s in found.sources):
+    shipped = shipped_math_sets(config)
+    if shipped and not any(s["math"] for s in found.sources):
         found.shipped_math = True
-        for path in testsets.all_paths():
+        for path in map(testsets.path, shipped):
             counts = _load_file(str(path), config, found)
             found.sources.append({"uri": f"shipped:{path.name}", **counts})
     empty = [name for name in config.selected() if name not in found.members]

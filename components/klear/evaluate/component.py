@@ -35,6 +35,7 @@ def evaluate(
     reference_label: str = "reference",
     extra_samples: list = [],
     name: str = "evaluate",
+    input_digest: str = "",
 ):
     """Score saved generations on AIME24/AIME25/HMMT25 and LiveCodeBench v5/v6 under the paper's protocol.
 
@@ -60,6 +61,8 @@ def evaluate(
         reference_label: its label.
         extra_samples: more sample outputs already on storage, "LABEL=URI" (or "URI" for `label`).
         name: the output folder under run_root, distinct per evaluate task of one run (evaluate, evaluate-code).
+        input_digest: the content digest of the inputs read by URI (the digest_inputs step): part of KFP's
+            cache key, so a cached result is served only for the same content; recorded in the output's metadata.
     """
     from klear.common import kfp_io, storage
     from klear.common.config import load_config
@@ -77,7 +80,7 @@ def evaluate(
     sources += parse_sample_specs(list(extra_samples), label)
     target = kfp_io.output_location(run_root, name)
     result = run(sources, target, load_config(EvaluateConfig, preset, list(overrides)), list(benchmark_uris))
-    kfp_io.record_output(scores, target, {"labels": ",".join(result["labels"])})
+    kfp_io.record_output(scores, target, {"labels": ",".join(result["labels"]), "input_digest": input_digest})
     with open(report.path, "wb") as out:
         out.write(storage.read_bytes(storage.Uri.parse(target).join("report.html")))
     values = []
@@ -99,6 +102,8 @@ def evaluation_prompts(
     run_root: str,
     math_prompts: Output[Dataset],
     code_prompts: Output[Dataset],
+    sampling_overrides: list = [],
+    input_digest: str = "",
     # KFP reads a component's outputs from a functional NamedTuple (a class would not exist in the executor).
 ) -> NamedTuple("PromptOutputs", [("math_prompts_n", int), ("code_prompts_n", int),  # type: ignore[valid-type]
                                   ("math_sample_overrides", list), ("code_sample_overrides", list)]):
@@ -112,6 +117,10 @@ def evaluation_prompts(
         run_root: where outputs go, `<run_root>/<run id>/evaluate-prompts-{math,code}`.
         math_prompts: `math-k<k>.jsonl` (id, prompt, benchmark): the math benchmarks' problems, k = their avg@k.
         code_prompts: `code-k<k>.jsonl`: the LiveCodeBench problems in the windows (none without LiveCodeBench files).
+        sampling_overrides: sample-stage overrides of the evaluation sampling that the protocol leaves open
+            (e.g. "concurrency=64", "engine_kwargs={...}"); the protocol's own settings follow them and win.
+        input_digest: the content digest of the inputs read by URI (the digest_inputs step): part of KFP's
+            cache key, so a cached result is served only for the same content; recorded in the output's metadata.
     Returns:
         math_prompts_n, code_prompts_n: prompts in each dataset (0: do not sample that kind).
         math_sample_overrides, code_sample_overrides: "key=value" overrides for the sample component (n = k,
@@ -133,8 +142,9 @@ def evaluation_prompts(
         groups = write_prompts(target, config, list(benchmark_uris), kind=kind, loaded=bench)["groups"]
         group = next(iter(groups.values()), None)
         counts[kind] = group["prompts"] if group else 0
-        sample_overrides[kind] = group["sample_overrides"] if group else []
-        kfp_io.record_output(artifact, target, {"prompts": counts[kind], "n": group["n"] if group else 0})
+        sample_overrides[kind] = [*sampling_overrides, *group["sample_overrides"]] if group else []
+        kfp_io.record_output(artifact, target, {"prompts": counts[kind], "n": group["n"] if group else 0,
+                                                "input_digest": input_digest})
     PromptOutputs = namedtuple("PromptOutputs", ["math_prompts_n", "code_prompts_n", "math_sample_overrides",
                                                  "code_sample_overrides"])
     return PromptOutputs(counts["math"], counts["code"], sample_overrides["math"], sample_overrides["code"])

@@ -16,6 +16,7 @@ def judge(
     summary: Output[Markdown],
     metrics: Output[Metrics],
     problems_uri: str = "",
+    input_digest: str = "",
 ):
     """Judge every sampled response against its problem; publish judged rows and per-problem pass rates.
 
@@ -28,6 +29,8 @@ def judge(
         summary: report.md, shown in the KFP UI.
         metrics: samples, problems, correct, budget overruns, scorer errors, per-task accuracy.
         problems_uri: problems by id (URI[#id=..&answer=..&tests=..]); "" = each sample's own record.
+        input_digest: the content digest of the inputs read by URI (the digest_inputs step): part of KFP's
+            cache key, so a cached result is served only for the same content; recorded in the output's metadata.
     """
     from klear.common import kfp_io
     from klear.common.config import load_config
@@ -39,7 +42,8 @@ def judge(
     report = run(kfp_io.input_location(samples), target, load_config(JudgeConfig, preset, list(overrides)),
                  problems_uri or None)
     totals = report["totals"]
-    kfp_io.record_output(judged, target, {"samples": totals["samples"], "problems": totals["problems"]})
+    kfp_io.record_output(judged, target, {"samples": totals["samples"], "problems": totals["problems"],
+                                         "input_digest": input_digest})
     accuracy = [(f"{kind}_accuracy", block["accuracy"]) for kind, block in report["per_kind"].items()
                 if block["accuracy"] is not None]
     kfp_io.publish_report(summary, render_markdown(report), metrics, [*totals.items(), *accuracy])

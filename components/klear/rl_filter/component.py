@@ -18,6 +18,7 @@ def rl_filter(
     rl_data: Output[Dataset],
     summary: Output[Markdown],
     metrics: Output[Metrics],
+    input_digest: str = "",
 ):
     """The RL training set: candidate problems kept when the filter model solves them reliably enough.
 
@@ -32,6 +33,8 @@ def rl_filter(
         rl_data: the published RL set (prompts/ in the gppo format, removed/ with reasons) that gppo reads.
         summary: report.md, shown in the KFP UI.
         metrics: problems read, kept, removed, and removals per reason.
+        input_digest: the content digest of the inputs read by URI (the digest_inputs step): part of KFP's
+            cache key, so a cached result is served only for the same content; recorded in the output's metadata.
     """
     from klear.common import kfp_io
     from klear.common.config import load_config
@@ -45,6 +48,7 @@ def rl_filter(
     report = run(kfp_io.input_location(problems), kfp_io.input_location(filter_samples), target,
                  load_config(RlFilterConfig, preset, list(overrides)), list(benchmark_uris) or None, task or None)
     totals = report["totals"]
-    kfp_io.record_output(rl_data, target, {"kept": totals["kept"], "problems": totals["problems"]})
+    kfp_io.record_output(rl_data, target, {"kept": totals["kept"], "problems": totals["problems"],
+                                          "input_digest": input_digest})
     removed = [(f"removed_{reason}", n) for reason, n in report["reasons"].items()]
     kfp_io.publish_report(summary, render_markdown(report), metrics, [*totals.items(), *removed])

@@ -70,7 +70,8 @@ class SampleFailedError(RuntimeError):
 
 
 def load_prompts(uris: Sequence[str], config: SampleConfig, with_shipped: bool = False) -> list[Prompt]:
-    """Every prompt of the sources, in order, checked: ids present and unique, prompts present, no empty source."""
+    """Every prompt of the sources, in order, checked: ids present and unique, prompts present, no empty source.
+    `with_shipped`: the responses the records hold, required of the prompts sampled (the first max_prompts)."""
     if not uris:
         raise ValueError("no --prompts given")
     prompts: list[Prompt] = []
@@ -80,7 +81,7 @@ def load_prompts(uris: Sequence[str], config: SampleConfig, with_shipped: bool =
         for located in iter_training_records([uri]):
             prompt = prompt_from_row(located, source, len(prompts), config.prompt_field, config.id_field,
                                      config.system_prompt)
-            if with_shipped:
+            if with_shipped and (not config.max_prompts or len(prompts) < config.max_prompts):
                 prompt = dataclasses.replace(prompt, shipped=tuple(_shipped(located.record, located.where)))
             prompts.append(prompt)
         if len(prompts) == before:

@@ -19,6 +19,7 @@ def sft_data(
     metrics: Output[Metrics],
     reference_samples: Optional[Input[Dataset]] = None,
     target_model: Optional[Input[Model]] = None,
+    input_digest: str = "",
 ):
     """SFT chat records from the teacher's samples, labelled easy/hard by a reference model, filtered by policy.
 
@@ -32,6 +33,8 @@ def sft_data(
         metrics: records read and kept, drops by reason, what each policy would keep.
         reference_samples: the reference model's samples (paper: Qwen3-8B); none = every difficulty unknown.
         target_model: the model SFT trains (its tokenizer measures lengths); none = no length filter.
+        input_digest: the content digest of the inputs read by URI (the digest_inputs step): part of KFP's
+            cache key, so a cached result is served only for the same content; recorded in the output's metadata.
     """
     from klear.common import kfp_io
     from klear.common.config import load_config
@@ -44,7 +47,8 @@ def sft_data(
                  reference=kfp_io.input_location(reference_samples) if reference_samples is not None else None,
                  tokenizer=kfp_io.input_location(target_model) if target_model is not None else None)
     totals = report["totals"]
-    kfp_io.record_output(records, target, {"records": totals["kept"], "read": totals["read"]})
+    kfp_io.record_output(records, target, {"records": totals["kept"], "read": totals["read"],
+                                          "input_digest": input_digest})
     values = [("read", totals["read"]), ("kept", totals["kept"]), ("unlabelled", totals["unlabelled"])]
     values += [(f"dropped_{reason}", n) for reason, n in totals["dropped"].items()]
     values += [(f"would_keep_{policy}", n) for policy, n in report["would_keep"].items()]

@@ -148,6 +148,19 @@ def delete_checkpoint(output: str, step: int) -> None:
     storage.delete(uri.join(storage.MANIFEST_NAME))
     for name in storage.list_files(uri):
         storage.delete(uri.join(name))
+    if not uri.is_s3:  # a local folder tree outlives its files (S3 has no folders)
+        remove_empty_folders(Path(uri.path))
+
+
+def remove_empty_folders(root: Path) -> None:
+    """`root` and the folders under it that hold no file, deepest first; a folder that holds one stays."""
+    if not root.is_dir():
+        return
+    for folder in sorted((p for p in root.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+        if not any(folder.iterdir()):
+            folder.rmdir()
+    if not any(root.iterdir()):
+        root.rmdir()
 
 
 def _snapshot(source: Path, target: Path) -> None:
