@@ -1,4 +1,7 @@
-"""Typed stage configs: a YAML preset or file, then `key=value` overrides, validated on load.
+"""Typed stage configs: a YAML preset, file or storage URI (s3://), then `key=value` overrides, validated on load.
+
+A config may build on another: `base: NAME` (a preset of the same stage, or a YAML file or URI) plus the keys
+that differ; sections merge key by key, other values (lists and mappings of named items too) replace the base's.
 
 Numbers are stricter than pydantic's lax mode: YAML `true` is not the integer 1 (a `--set ngram_size=true`
 would otherwise remove every prompt), and `.inf` / `.nan` are not numbers of epochs or seconds. YAML anchors and
@@ -25,6 +28,7 @@ from klear.common import storage
 __all__ = ["ConfigError", "StageConfig", "load_config"]
 
 QUOTE_LIMIT = 200  # characters of a value quoted in an error message
+BASE_KEY = "base"  # a config's key naming the config it builds on
 
 
 class ConfigError(ValueError):
@@ -190,9 +194,34 @@ def _preset_text(cls: type[StageConfig], name: str) -> tuple[str, str]:
     return (presets / f"{name}.yaml").read_text(), f"preset {name!r} ({package}/presets/{name}.yaml)"
 
 
-def _read_source(cls: type[StageConfig], source: str) -> tuple[dict[str, Any], str]:
-    """`source` is a preset name (paper, tiny) or a path to a YAML file."""
-    if source.endswith((".yaml", ".yml")) or "/" in source:
+class _BaseLoopError(ConfigError):
+    """A chain of `base` configs that comes back to one of its members."""
+
+
+def _is_uri(source: str) -> bool:
+    return "://" in source
+
+
+def _is_file(source: str) -> bool:
+    return _is_uri(source) or source.endswith((".yaml", ".yml")) or "/" in source
+
+
+def _read_one(cls: type[StageConfig], source: str) -> tuple[dict[str, Any], str]:
+    """One YAML mapping, `base` key included: a preset name, a local YAML file or a storage URI (s3://, file://)."""
+    if _is_uri(source):
+        try:
+            raw = storage.read_bytes(source)
+        except FileNotFoundError:
+            raise ConfigError(f"config file not found: {clip(source)}") from None
+        except (storage.StorageError, OSError) as exc:
+            raise ConfigError(f"config file {clip(source)} cannot be read: {clip(str(exc))}") from None
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"{clip(source)}: not UTF-8 text ({exc})") from None
+        origin = source
+        storage.note_input(source)  # a config file is an input: no output of this run may replace it
+    elif _is_file(source):
         path = Path(source)
         if not path.is_file():
             raise ConfigError(f"config file not found: {clip(source)}")
@@ -207,6 +236,70 @@ def _read_source(cls: type[StageConfig], source: str) -> tuple[dict[str, Any], s
     if not isinstance(data, dict):
         raise ConfigError(f"{origin}: expected a mapping of config keys, got {type(data).__name__}")
     return data, origin
+
+
+def _base_source(base: str, source: str) -> str:
+    """Where `base` (named in the config read from `source`) is: a preset name as is; a relative file path is
+    relative to the file that names it (a preset's base is a preset or an absolute location)."""
+    if not _is_file(base) or _is_uri(base) or Path(base).is_absolute() or not _is_file(source):
+        return base
+    if _is_uri(source):
+        parent = source.rstrip("/").rsplit("/", 1)[0]
+        return f"{parent}/{base}"
+    return str(Path(source).parent / base)
+
+
+def _identity(source: str) -> str:
+    """One name per config source, for finding a chain of bases that loops."""
+    if _is_uri(source):
+        return source
+    return str(Path(source).resolve()) if _is_file(source) else f"preset {source!r}"
+
+
+def _section(annotation: Any) -> type[pydantic.BaseModel] | None:
+    """The config model a field holds as a section (`Section` or `Section | None`), not in a container."""
+    if isinstance(annotation, type) and issubclass(annotation, pydantic.BaseModel):
+        return annotation
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        members = [arg for arg in typing.get_args(annotation) if arg is not type(None)]
+        return _section(members[0]) if len(members) == 1 else None
+    return None
+
+
+def merge(base: dict[str, Any], changes: dict[str, Any], model: type[pydantic.BaseModel]) -> dict[str, Any]:
+    """`base` with `changes` on top, for a config of type `model`: a section (a field holding one config model)
+    merges key by key; any other value replaces the base's whole, a mapping of named items (evaluate's
+    benchmarks) or a list too, so a config can drop an item its base has."""
+    merged = dict(base)
+    for key, value in changes.items():
+        below = merged.get(key)
+        field = model.model_fields.get(key)
+        section = _section(field.annotation) if field is not None else None
+        deep = section is not None and isinstance(below, dict) and isinstance(value, dict)
+        merged[key] = merge(below, value, section) if deep and section is not None else value
+    return merged
+
+
+def _read_source(cls: type[StageConfig], source: str, chain: tuple[str, ...] = ()) -> tuple[dict[str, Any], str]:
+    """The config of `source` (a preset name, a YAML file or a storage URI) with its `base` chain merged in: a
+    config may name a preset of the same stage, or a file or URI, as `base` and give only its differences."""
+    identity = _identity(source)
+    if identity in chain:
+        loop = " -> ".join((*chain[chain.index(identity):], identity))
+        raise _BaseLoopError(f"config bases form a loop: {clip(loop, 4 * QUOTE_LIMIT)}")
+    data, origin = _read_one(cls, source)
+    if BASE_KEY not in data:
+        return data, origin
+    base = data.pop(BASE_KEY)
+    if not isinstance(base, str) or not base.strip():
+        raise ConfigError(f"{origin}: {BASE_KEY}: expected a preset name, file or URI, got {clip(repr(base))}")
+    try:
+        below, below_origin = _read_source(cls, _base_source(base.strip(), source), (*chain, identity))
+    except _BaseLoopError:
+        raise  # the chain already names every config in it
+    except ConfigError as exc:
+        raise ConfigError(f"{origin}: {BASE_KEY} {clip(repr(base))}: {exc}") from None
+    return merge(below, data, cls), f"{origin} on {below_origin}"
 
 
 def _apply_override(data: dict[str, Any], override: str) -> None:
@@ -229,7 +322,7 @@ def _apply_override(data: dict[str, Any], override: str) -> None:
 
 
 def load_config(cls: type[C], source: str | None = None, overrides: list[str] | tuple[str, ...] = ()) -> C:
-    """Build a stage config from a preset name or YAML file (defaults if None) plus overrides."""
+    """Build a stage config from a preset name, YAML file or URI (defaults if None), its bases, plus overrides."""
     data, origin = _read_source(cls, source) if source else ({}, "defaults")
     for override in overrides:
         _apply_override(data, override)
