@@ -16,14 +16,11 @@ atomically: nothing is visible as complete until the manifest is written, last.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
-import tempfile
 import time
 from collections import Counter, defaultdict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -32,8 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from klear import testsets as shipped_benchmarks
-from klear.common import storage
-from klear.common.config import load_config
+from klear.common.data_stage import DataStage
 from klear.common.parallel import ordered_map, resolve_workers
 from klear.common.records import (
     Chunk,
@@ -51,6 +47,7 @@ from klear.curate.matching import BenchmarkItem, Match, NgramIndex, dedup_key, n
 from klear.curate.report import render_markdown
 
 log = logging.getLogger("klear.curate")
+STAGE = DataStage("curate", CurateConfig, render_markdown)
 
 PROMPT_SCHEMA = pa.schema(
     [("id", pa.string()), ("source", pa.string()), ("prompt", pa.string()), ("record", pa.string())]
@@ -307,7 +304,7 @@ def run(
     """Curate `inputs` against the benchmarks and publish to `output`; returns the report."""
     started = time.monotonic()
     specs = list(benchmark_specs) if benchmark_specs else [str(p) for p in shipped_benchmarks.all_paths()]
-    storage.check_output(output, [*inputs, *specs], stage="curate")  # a bad output fails now, not after the work
+    checked = STAGE.check(output, {"input": inputs, "benchmark": specs})  # a bad output fails now, not after the work
     items = load_benchmark_items(specs, config)
     index = NgramIndex(items, n=config.ngram_size)
     log.info("benchmark index: %d items, %d distinct %d-grams", len(items), index.ngram_count, index.n)
@@ -316,8 +313,8 @@ def run(
     decider = Decider(items, config, sources)
     tasks = _tasks(sources, config)
     # Held from here to the manifest: a second run on the same output fails now (OutputBusyError).
-    with storage.claim_output(output), tempfile.TemporaryDirectory(prefix="klear-curate-") as staging_dir:
-        staging = Path(staging_dir)
+    with checked.open() as out:
+        staging = out.staging
         kept = ParquetShardWriter(staging / "prompts", "part", PROMPT_SCHEMA, config.rows_per_shard,
                                   dictionary_columns=("source",))
         removed = ParquetShardWriter(staging / "removed", "part", REMOVED_SCHEMA, config.rows_per_shard,
@@ -337,9 +334,7 @@ def run(
         removed.close()
         elapsed = time.monotonic() - started
         report = _report(inputs, specs, items, config, decider, read, kept.rows, elapsed, workers)
-        (staging / "report.json").write_text(json.dumps(report, indent=2))
-        (staging / "report.md").write_text(render_markdown(report))
-        storage.publish_dir(staging, output, meta={"stage": "curate", "kept": kept.rows, "read": read})
+        out.publish(report, {"kept": kept.rows, "read": read})
     log.info("published %s: %d of %d prompts kept (%.1f s)", output, kept.rows, read, elapsed)
     return report
 
@@ -397,8 +392,6 @@ def _report(
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    from klear.common.cli import add_config_arguments
-
     parser = subparsers.add_parser(
         "curate",
         help="exact dedup and n-gram decontamination of prompt sources",
@@ -414,12 +407,5 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="test sets (default: the shipped AIME24/25, HMMT25); repeat the flag or list several",
     )
     parser.add_argument("--output", required=True, metavar="URI", help="output location (path, file:// or s3://)")
-    add_config_arguments(parser)
-    parser.set_defaults(func=_main)
-
-
-def _main(args: argparse.Namespace) -> int:
-    config = load_config(CurateConfig, args.config, args.overrides)
-    report = run(args.input, args.output, config, args.benchmark)
-    print(json.dumps(report["totals"]))
-    return 0
+    STAGE.add_main(parser, lambda args, config: run(args.input, args.output, config, args.benchmark),
+                   lambda report: report["totals"])

@@ -49,7 +49,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from klear.common import storage
-from klear.common.config import ConfigError, load_config
+from klear.common.config import ConfigError
+from klear.common.data_stage import DataStage
 from klear.common.sample_rows import file_tables
 from klear.evaluate import plots
 from klear.evaluate.benchmarks import BenchmarkSet, load_benchmarks
@@ -66,6 +67,8 @@ from klear.sample.config import SampleConfig
 __all__ = ["check_sampling", "prompt_groups", "run", "sample_overrides", "sample_then_run", "write_prompts"]
 
 log = logging.getLogger("klear.evaluate")
+STAGE = DataStage("evaluate", EvaluateConfig, render_markdown)
+PROMPTS_STAGE = DataStage("evaluate-prompts", EvaluateConfig)  # report.json only
 
 SELECTION_RULE = ("Each problem counts its first k samples by sample index; more are ignored (counted in the notes), "
                   "fewer is an error.")
@@ -256,16 +259,24 @@ def _sources(samples: Iterable[SampleSource | str]) -> list[SampleSource]:
     return out
 
 
+def _sample_inputs(sources: Iterable[SampleSource]) -> dict[str, list[str]]:
+    """Sample sources as inputs of the manifest: role `samples:<label>` -> its URIs."""
+    roles: dict[str, list[str]] = defaultdict(list)
+    for source in sources:
+        roles[f"samples:{source.label}"].append(source.uri)
+    return dict(roles)
+
+
 def run(samples: Iterable[SampleSource | str], output: str, config: EvaluateConfig, benchmarks: Sequence[str] = (),
         loaded: BenchmarkSet | None = None) -> dict[str, Any]:
     """Score saved generations and publish the report to `output`; returns report.json's content."""
     started = time.monotonic()
     sources = _sources(samples)
-    storage.check_output(output, [s.uri for s in sources] + list(benchmarks), stage="evaluate")
+    checked = STAGE.check(output, {**_sample_inputs(sources), "benchmark": benchmarks})
     bench = loaded or load_benchmarks(benchmarks, config)
     labels = list(dict.fromkeys(s.label for s in sources))
     protocol_sampling = config.protocol_sampling()
-    with storage.claim_output(output) as lease, contextlib.ExitStack() as stack:
+    with checked.open() as out, contextlib.ExitStack() as stack:
         opened: dict[str, list[LocalSource]] = defaultdict(list)
         for source in sources:
             opened[source.label].append(stack.enter_context(open_source(source)))
@@ -296,19 +307,16 @@ def run(samples: Iterable[SampleSource | str], output: str, config: EvaluateConf
         per_label: dict[str, dict[tuple[str, int], SampleScore]] = {}
         judge_started = time.monotonic()
         with Judge(config.judge) as judge:
-            judging = _Judging(judge, config, output, lease)
+            judging = _Judging(judge, config, output, out.lease)
             for label in labels:
                 per_label[label] = judging.label(label, opened[label], selections[label], bench,
                                                  len(selections[label].keys))
             judge_counts = {"workers": judge.workers, "budget_timeouts": judge.timeouts, "scorer_errors": judge.errors,
                             "judged": judging.judged, "reused": judging.reused,
                             "judge_s": round(time.monotonic() - judge_started, 3)}
-        with tempfile.TemporaryDirectory(prefix="klear-evaluate-") as tmp:
-            staging = Path(tmp)
-            report = _publishable(staging, config, bench, labels, selections, per_label, source_info, judge_counts,
-                                  benchmarks, started)
-            storage.publish_dir(staging, output, meta={"stage": "evaluate", "labels": labels,
-                                                       "scores": _headline(report)})
+        report = _publishable(out.staging, config, bench, labels, selections, per_label, source_info, judge_counts,
+                              benchmarks, started)
+        out.publish(report, {"labels": labels, "scores": _headline(report)})
     log.info("published %s: %s", output, json.dumps(_headline(report)))
     return report
 
@@ -322,7 +330,7 @@ def _publishable(staging: Path, config: EvaluateConfig, bench: BenchmarkSet, lab
                  selections: Mapping[str, Selection], per_label: Mapping[str, Mapping[tuple[str, int], SampleScore]],
                  source_info: Mapping[str, list[dict[str, Any]]], judge_counts: dict[str, Any],
                  benchmark_uris: Sequence[str], started: float) -> dict[str, Any]:
-    """Write every file of the output to `staging`; returns the report."""
+    """Write the output's files but the report's JSON and Markdown to `staging`; returns the report."""
     selected = config.selected()
     models: dict[str, Any] = {}
     problem_rows: list[ProblemScore] = []
@@ -371,8 +379,6 @@ def _publishable(staging: Path, config: EvaluateConfig, bench: BenchmarkSet, lab
                "completion_tokens": s.completion_tokens}
               for label in labels for s in sorted(per_label[label].values(), key=lambda s: (s.id, s.sample))]
     pq.write_table(pa.Table.from_pylist(judged, schema=JUDGED_SCHEMA), staging / "judged.parquet")
-    (staging / "report.json").write_text(json.dumps(report, indent=2, default=str))
-    (staging / "report.md").write_text(render_markdown(report))
     (staging / "report.html").write_text(render_html(report, staging, problems_table))
     return report
 
@@ -493,7 +499,7 @@ def write_prompts(output: str, config: EvaluateConfig, benchmarks: Sequence[str]
                   loaded: BenchmarkSet | None = None) -> dict[str, Any]:
     """Publish the protocol's prompts, one JSONL per (kind, k) group, each with its sample-stage config; with
     `kind`, only that kind's prompts (one k, else an error): a folder the sample stage reads as a whole."""
-    storage.check_output(output, list(benchmarks), stage="evaluate-prompts")
+    checked = PROMPTS_STAGE.check(output, {"benchmark": benchmarks})
     bench = loaded or load_benchmarks(benchmarks, config)
     groups = {key: rows for key, rows in prompt_groups(bench, config).items() if kind is None or key[0] == kind}
     if kind is not None and len(groups) > 1:
@@ -501,8 +507,8 @@ def write_prompts(output: str, config: EvaluateConfig, benchmarks: Sequence[str]
                           "write each group with `klear evaluate-prompts` (no kind) instead")
     if kind is None and not groups:
         raise ValueError("no problems in the selected benchmarks: nothing to prompt")
-    with storage.claim_output(output), tempfile.TemporaryDirectory(prefix="klear-evaluate-prompts-") as tmp:
-        staging = Path(tmp)
+    with checked.open() as out:
+        staging = out.staging
         listing = {}
         for (group_kind, k), rows in groups.items():
             name = f"{group_kind}-k{k}"
@@ -512,8 +518,7 @@ def write_prompts(output: str, config: EvaluateConfig, benchmarks: Sequence[str]
             listing[name] = {"file": f"{name}.jsonl", "config": f"sampling-{name}.yaml", "kind": group_kind, "n": k,
                              "prompts": len(rows), "sample_overrides": sample_overrides(sampling)}
         report = {"stage": "evaluate-prompts", "kind": kind, "groups": listing, "benchmark_files": bench.sources}
-        (staging / "report.json").write_text(json.dumps(report, indent=2, default=str))
-        storage.publish_dir(staging, output, meta={"stage": "evaluate-prompts", "groups": listing})
+        out.publish(report, {"groups": listing})
     return report
 
 
@@ -530,8 +535,8 @@ def sample_then_run(output: str, config: EvaluateConfig, benchmarks: Sequence[st
     # and the folder of sample outputs may not replace an input (the model included) nor each other; then each
     # sample output may replace only an earlier sample output.
     inputs = [*benchmarks, *([model] if model else []), *(s.uri for s in others)]
-    storage.check_writes([storage.Write("--output", output, "evaluate"),
-                          storage.Write("--sample-output", root, "sample", published=False)], inputs)
+    STAGE.check(output, {"benchmark": benchmarks, "model": model, **_sample_inputs(others)},
+                others=[storage.Write("--sample-output", root, "sample", published=False)], role="--output")
     bench = load_benchmarks(benchmarks, config)
     groups = prompt_groups(bench, config)
     targets = {key: f"{root}/{key[0]}-k{key[1]}" for key in groups}
@@ -553,8 +558,6 @@ def sample_then_run(output: str, config: EvaluateConfig, benchmarks: Sequence[st
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    from klear.common.cli import add_config_arguments
-
     parser = subparsers.add_parser("evaluate", help="scores on AIME, HMMT and LiveCodeBench, with a report",
                                    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--samples", nargs="+", action="extend", default=[], metavar="[LABEL=]URI",
@@ -567,35 +570,24 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--output", required=True, metavar="URI", help="output location (path, file:// or s3://)")
     parser.add_argument("--benchmark", nargs="+", action="extend", default=[], metavar="URI",
                         help="math sets and LiveCodeBench code_generation_lite files (default math: the shipped sets)")
-    add_config_arguments(parser, "paper", "paper, paper-64k, tiny")
-    parser.set_defaults(func=_main)
+    STAGE.add_main(parser, _sample_or_score, _headline)
 
     prompts = subparsers.add_parser("evaluate-prompts", help="the evaluation prompts, for a separate sample step",
                                     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     prompts.add_argument("--output", required=True, metavar="URI", help="output location (path, file:// or s3://)")
     prompts.add_argument("--benchmark", nargs="+", action="extend", default=[], metavar="URI",
                          help="math sets and LiveCodeBench code_generation_lite files (default math: the shipped sets)")
-    add_config_arguments(prompts, "paper", "paper, paper-64k, tiny")
-    prompts.set_defaults(func=_prompts_main)
+    PROMPTS_STAGE.add_main(prompts, lambda args, config: write_prompts(args.output, config, args.benchmark),
+                           lambda report: report["groups"])
 
 
-def _main(args: argparse.Namespace) -> int:
-    config = load_config(EvaluateConfig, args.config, args.overrides)
+def _sample_or_score(args: argparse.Namespace, config: EvaluateConfig) -> dict[str, Any]:
     if args.model or args.endpoint:
         label, model = args.label, args.model
         if model:
             parsed = parse_sample_specs([model], args.label)[0]
             label, model = parsed.label, parsed.uri
-        report = sample_then_run(args.output, config, args.benchmark, model=model, label=label,
-                                 sample_output=args.sample_output, endpoint=args.endpoint,
-                                 served_model=args.served_model, samples=args.samples)
-    else:
-        report = run(args.samples, args.output, config, args.benchmark)
-    print(json.dumps(_headline(report)))
-    return 0
-
-
-def _prompts_main(args: argparse.Namespace) -> int:
-    report = write_prompts(args.output, load_config(EvaluateConfig, args.config, args.overrides), args.benchmark)
-    print(json.dumps(report["groups"]))
-    return 0
+        return sample_then_run(args.output, config, args.benchmark, model=model, label=label,
+                               sample_output=args.sample_output, endpoint=args.endpoint,
+                               served_model=args.served_model, samples=args.samples)
+    return run(args.samples, args.output, config, args.benchmark)

@@ -20,19 +20,16 @@ and a fingerprint of response, reference and settings; a restart judges only wha
 from __future__ import annotations
 
 import argparse
-import json
 import logging
-import tempfile
 import time
 from collections import Counter, defaultdict
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
 from klear.common import storage
-from klear.common.config import load_config
+from klear.common.data_stage import DataStage
 from klear.common.records import ParquetShardWriter
 from klear.common.sample_rows import SampleInputError, iter_sample_tables
 from klear.judge.config import JudgeConfig
@@ -45,6 +42,7 @@ from klear.judge.report import render_markdown
 from klear.judge.scoring import Judgement
 
 log = logging.getLogger("klear.judge")
+STAGE = DataStage("judge", JudgeConfig, render_markdown)
 
 PASS_RATE_SCHEMA = pa.schema([
     ("id", pa.string()), ("kind", pa.string()), ("samples", pa.int64()), ("correct", pa.int64()),
@@ -127,20 +125,19 @@ def _judge_batch(table: pa.Table, judge: Judge, problems: Mapping[str, Problem] 
 def run(samples: str, output: str, config: JudgeConfig, problems: str | None = None) -> dict[str, Any]:
     """Judge the samples at `samples` and publish to `output`; returns the report."""
     started = time.monotonic()
-    storage.check_output(output, [samples, *([problems] if problems else [])], stage="judge")
+    checked = STAGE.check(output, {"samples": samples, "problems": problems})
     problem_map = load_problem_map(problems, config.task) if problems else None
     sampled_under = sample_settings_of(samples)
     tally = _Tally()
-    with storage.claim_output(output) as lease, tempfile.TemporaryDirectory(prefix="klear-judge-") as tmp, \
-            Judge(config) as judge:
-        staging = Path(tmp)
+    with checked.open() as out, Judge(config) as judge:
+        staging = out.staging
         store = ScoreStore(output, settings_key(config)) if config.resume else None
         saved = store.load() if store is not None else {}
         writer: ParquetShardWriter | None = None
         last_log = time.monotonic()
         for origin, table in iter_sample_tables(samples, config.chunk_size):
             table = table.drop_columns([c for c in JUDGE_COLUMNS if c in table.column_names])
-            judgements, reused = _judge_batch(table, judge, problem_map, saved, store, lease)
+            judgements, reused = _judge_batch(table, judge, problem_map, saved, store, out.lease)
             tally.reused += reused
             for row_id, j in zip(table.column("id").to_pylist(), judgements):
                 tally.add(row_id, j)
@@ -171,11 +168,8 @@ def run(samples: str, output: str, config: JudgeConfig, problems: str | None = N
                       {kind: [r.pass_rate for r in rates if r.kind == kind and r.pass_rate is not None]
                        for kind in ("math", "code")},
                       bins=[i / 10 for i in range(11)], title="Pass rate per problem", xlabel="pass rate")
-        (staging / "report.json").write_text(json.dumps(report, indent=2))
-        (staging / "report.md").write_text(render_markdown(report))
-        storage.publish_dir(staging, output, meta={"stage": "judge", "samples": tally.samples, "problems": len(rates),
-                                                   "settings_key": settings_key(config),
-                                                   "sample_settings": sampled_under})
+        out.publish(report, {"samples": tally.samples, "problems": len(rates), "settings_key": settings_key(config),
+                             "sample_settings": sampled_under})
     log.info("published %s: %d samples of %d problems judged (%.1f s)", output, tally.samples, len(rates), elapsed)
     return report
 
@@ -215,19 +209,11 @@ def _report(samples: str, problems: str | None, config: JudgeConfig, tally: _Tal
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    from klear.common.cli import add_config_arguments
-
     parser = subparsers.add_parser("judge", help="per-sample correctness and per-problem pass rates of sampled responses",
                                    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--samples", required=True, metavar="URI", help="output of `klear sample` (or a Parquet/JSONL file)")
     parser.add_argument("--output", required=True, metavar="URI", help="output location (path, file:// or s3://)")
     parser.add_argument("--problems", default=None, metavar="URI",
                         help="problems by id, URI[#id=F&answer=F&tests=F&fn_name=F] (default: each sample's record)")
-    add_config_arguments(parser)
-    parser.set_defaults(func=_main)
-
-
-def _main(args: argparse.Namespace) -> int:
-    report = run(args.samples, args.output, load_config(JudgeConfig, args.config, args.overrides), args.problems)
-    print(json.dumps(report["totals"]))
-    return 0
+    STAGE.add_main(parser, lambda args, config: run(args.samples, args.output, config, args.problems),
+                   lambda report: report["totals"])

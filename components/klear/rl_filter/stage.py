@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import tempfile
 import time
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
@@ -37,8 +36,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from klear import testsets as shipped_benchmarks
-from klear.common import storage
-from klear.common.config import load_config
+from klear.common.data_stage import DataStage
 from klear.common.records import ParquetShardWriter, RecordError, Source, iter_records
 from klear.curate.matching import BenchmarkItem, NgramIndex, dedup_key, normalize_batch
 from klear.judge import Judge, Problem, load_problems
@@ -50,6 +48,7 @@ from klear.rl_filter.decide import REASONS, decide, missing_reference
 from klear.rl_filter.report import render_markdown
 
 log = logging.getLogger("klear.rl_filter")
+STAGE = DataStage("rl-filter", RlFilterConfig, render_markdown)
 
 KEPT_SCHEMA = pa.schema([
     ("id", pa.string()), ("source", pa.string()), ("prompt", pa.string()), ("answer", pa.string()),
@@ -172,7 +171,7 @@ def run(problems: str, samples: str, output: str, config: RlFilterConfig, benchm
     started = time.monotonic()
     task = task or config.task
     specs = list(benchmark_specs) if benchmark_specs else [str(p) for p in shipped_benchmarks.all_paths()]
-    storage.check_output(output, [problems, samples, *specs], stage="rl-filter")
+    checked = STAGE.check(output, {"problems": problems, "samples": samples, "benchmark": specs})
     candidates = [Candidate(where, problem) for where, problem in load_problems(problems, task)]
     if not candidates:
         raise RlFilterError(f"{problems} holds no problems: nothing to filter, nothing published")
@@ -183,9 +182,8 @@ def run(problems: str, samples: str, output: str, config: RlFilterConfig, benchm
     by_id = {c.problem.id: c for c in candidates if c.reason is None}
     sample_filter = _SampleFilter(wanted, {c.problem.id for c in candidates})
     judged: dict[str, list[tuple[int, bool]]] = defaultdict(list)
-    with storage.claim_output(output), tempfile.TemporaryDirectory(prefix="klear-rl-filter-") as tmp, \
-            Judge(config.judge) as judge:
-        staging = Path(tmp)
+    with checked.open() as out, Judge(config.judge) as judge:
+        staging = out.staging
         verdicts: Counter[str] = Counter()
         for rows in iter_judged(samples, judge, wanted, config.batch_size,
                                 columns=("id", "sample", "response", "finish_reason"), wanted=sample_filter):
@@ -207,9 +205,7 @@ def run(problems: str, samples: str, output: str, config: RlFilterConfig, benchm
                       {"kept": [c.pass_rate for c in candidates if c.reason is None and c.pass_rate is not None],
                        "removed": [c.pass_rate for c in candidates if c.reason is not None and c.pass_rate is not None]},
                       bins=[i / 16 for i in range(17)], title="Filter-model pass rate per problem", xlabel="pass rate")
-        (staging / "report.json").write_text(json.dumps(report, indent=2))
-        (staging / "report.md").write_text(render_markdown(report))
-        storage.publish_dir(staging, output, meta={"stage": "rl-filter", "kept": kept, "removed": removed, "task": task})
+        out.publish(report, {"kept": kept, "removed": removed, "task": task})
     if kept == 0:
         log.warning("rl-filter kept no problem of %s: see %s/report.md", problems, output)
     log.info("published %s: %d of %d problems kept (%.1f s)", output, kept, len(candidates), elapsed)
@@ -292,8 +288,6 @@ def _report(problems: str, samples: str, specs: Sequence[str], task: str, config
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    from klear.common.cli import add_config_arguments
-
     parser = subparsers.add_parser("rl-filter", help="RL data: keep problems the filter model solves reliably",
                                    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--problems", required=True, metavar="URI",
@@ -303,12 +297,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--task", choices=("math", "code"), default=None, help="judge every problem as this task (default: config task)")
     parser.add_argument("--benchmark", nargs="+", action="extend", default=None, metavar="URI",
                         help="test sets for decontamination (default: the shipped AIME24/25, HMMT25)")
-    add_config_arguments(parser)
-    parser.set_defaults(func=_main)
-
-
-def _main(args: argparse.Namespace) -> int:
-    config = load_config(RlFilterConfig, args.config, args.overrides)
-    report = run(args.problems, args.samples, args.output, config, args.benchmark, args.task)
-    print(json.dumps({**report["totals"], "reasons": {k: v for k, v in report["reasons"].items() if v}}))
-    return 0
+    STAGE.add_main(parser, lambda args, config: run(args.problems, args.samples, args.output, config, args.benchmark,
+                                                    args.task),
+                   lambda report: {**report["totals"], "reasons": {k: v for k, v in report["reasons"].items() if v}})

@@ -26,12 +26,10 @@ import argparse
 import contextlib
 import dataclasses
 import importlib.util
-import json
 import logging
 import os
 import platform
 import signal
-import tempfile
 import threading
 import time
 from collections import Counter
@@ -45,7 +43,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from klear.common import storage
-from klear.common.config import load_config
+from klear.common.data_stage import DataStage
 from klear.common.records import ParquetShardWriter, RecordError, Source, iter_training_records
 from klear.sample.backends.base import Backend, Completion, Request
 from klear.sample.config import SampleConfig
@@ -56,6 +54,7 @@ from klear.sample.units import (Prompt, canonical_hash, check_unique, pending_un
                                 shipped_responses, unit_seed, wanted_keys)
 
 log = logging.getLogger("klear.sample")
+STAGE = DataStage("sample", SampleConfig, render_markdown)
 
 SETTINGS_FORMAT = 1
 PUBLISHED_PREFIX = "0-published"  # sorts before every writer name: the published rows win over duplicates
@@ -346,10 +345,10 @@ def run(prompts: Sequence[str], output: str, config: SampleConfig, model: str | 
     kind = choose_backend(config.backend, model, endpoint)
     # In seconds, before any work: a bad output or work location, one that is (inside) an input or the other.
     work_uri = str(work or default_work(storage.Uri.parse(output)))
-    out, work_loc = storage.check_writes([storage.Write("--output", output, "sample"),
-                                          storage.Write("--work", work_uri, "sample", published=False)],
-                                         [*prompts, *([model] if model else [])])
-    area = WorkArea(work_loc)
+    checked = STAGE.check(output, {"prompts": prompts, "model": model}, work=work_uri, role="--output")
+    out = checked.uri
+    assert checked.work is not None
+    area = WorkArea(checked.work)
     area.check_own()
     items = load_prompts(prompts, config, with_shipped=kind == "records")
     if config.max_prompts:
@@ -359,7 +358,7 @@ def run(prompts: Sequence[str], output: str, config: SampleConfig, model: str | 
     units_digest = canonical_hash([[*key, prompt_hash] for key, prompt_hash in wanted.items()])
     with contextlib.ExitStack() as stack:
         # One writer per output: a second run (a retried pod while the first still runs) fails here, at once.
-        stack.enter_context(storage.claim_output(out))
+        publication = stack.enter_context(checked.open())
         backend = make_backend(kind, config, model, endpoint, served_model, stack)
         stack.callback(backend.close)
         settings = run_settings(backend, config)
@@ -387,32 +386,29 @@ def run(prompts: Sequence[str], output: str, config: SampleConfig, model: str | 
 
         failed_rows = [failed_row(c) for c in failed]
         too_many = len(failed) > config.max_failed_fraction * len(wanted)
-        with tempfile.TemporaryDirectory(prefix="klear-sample-") as staging_dir:
-            staging = Path(staging_dir)
-            failed_writer = ParquetShardWriter(staging / "failed", "part", FAILED_SCHEMA, 100_000)
-            failed_writer.write(pa.Table.from_pylist(failed_rows, schema=FAILED_SCHEMA))
-            failed_writer.close()
-            assembled = Assembled()
-            if not too_many:
-                assembled = assemble(area, area.shard_names(), wanted, staging, config.rows_per_part)
-                missing = set(wanted) - assembled.emitted - {(r["id"], r["sample"]) for r in failed_rows}
-                if missing:  # every unit is either in a shard or failed in this run; anything else is a bug
-                    raise RuntimeError(f"internal error: {len(missing)} units neither sampled nor failed, e.g. "
-                                       f"{sorted(missing)[:3]}")
-            report = build_report(
-                prompts=prompts, output=str(out), work=str(area), backend=backend, config=config, settings=settings,
-                digest=digest, n_prompts=len(items), total=len(wanted), done_before=done_before, progress=progress,
-                failed=failed_rows, assembled=assembled, elapsed=time.monotonic() - started,
-                scan_duplicates=scan.duplicates, published=not too_many)
-            (staging / "report.json").write_text(json.dumps(report, indent=2))
-            (staging / "report.md").write_text(render_markdown(report))
-            if too_many:
-                for name in ("report.json", "report.md", "failed/part-00000.parquet"):
-                    storage.upload_file(staging / name, area.uri.join(name))
-                raise SampleFailedError(failure_message(failed_rows, len(wanted), config, progress.ok + done_before, area))
-            storage.publish_dir(staging, out, meta={"stage": "sample", "settings_hash": digest, "settings": settings,
-                                                    "rows": assembled.rows, "failed": len(failed),
-                                                    "units_digest": units_digest})
+        staging = publication.staging
+        failed_writer = ParquetShardWriter(staging / "failed", "part", FAILED_SCHEMA, 100_000)
+        failed_writer.write(pa.Table.from_pylist(failed_rows, schema=FAILED_SCHEMA))
+        failed_writer.close()
+        assembled = Assembled()
+        if not too_many:
+            assembled = assemble(area, area.shard_names(), wanted, staging, config.rows_per_part)
+            missing = set(wanted) - assembled.emitted - {(r["id"], r["sample"]) for r in failed_rows}
+            if missing:  # every unit is either in a shard or failed in this run; anything else is a bug
+                raise RuntimeError(f"internal error: {len(missing)} units neither sampled nor failed, e.g. "
+                                   f"{sorted(missing)[:3]}")
+        report = build_report(
+            prompts=prompts, output=str(out), work=str(area), backend=backend, config=config, settings=settings,
+            digest=digest, n_prompts=len(items), total=len(wanted), done_before=done_before, progress=progress,
+            failed=failed_rows, assembled=assembled, elapsed=time.monotonic() - started,
+            scan_duplicates=scan.duplicates, published=not too_many)
+        if too_many:  # the report goes beside the kept units in the work area; the output stays as it was
+            publication.write_report(report)
+            for name in ("report.json", "report.md", "failed/part-00000.parquet"):
+                storage.upload_file(staging / name, area.uri.join(name))
+            raise SampleFailedError(failure_message(failed_rows, len(wanted), config, progress.ok + done_before, area))
+        publication.publish(report, {"settings_hash": digest, "settings": settings, "rows": assembled.rows,
+                                     "failed": len(failed), "units_digest": units_digest})
     if not config.keep_work:
         area.delete_all()
     log.info("published %s: %d rows, %d failed units (%.1f s)", out, assembled.rows, len(failed),
@@ -476,8 +472,6 @@ def build_report(*, prompts: Sequence[str], output: str, work: str, backend: Bac
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    from klear.common.cli import add_config_arguments
-
     parser = subparsers.add_parser("sample", help="n responses per prompt from a model or endpoint, exactly once",
                                    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompts", nargs="+", action="extend", required=True, metavar="URI",
@@ -487,16 +481,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--endpoint", metavar="URL", help="OpenAI-compatible API root, e.g. http://teacher:8000/v1")
     parser.add_argument("--served-model", metavar="NAME", help="the model name the endpoint serves")
     parser.add_argument("--work", metavar="URI", help="work area for resumable shards (default: <output>.work)")
-    add_config_arguments(parser, "paper", "paper, tiny")
-    parser.set_defaults(func=_main)
-
-
-def _main(args: argparse.Namespace) -> int:
-    config = load_config(SampleConfig, args.config, args.overrides)
-    report = run(args.prompts, args.output, config, model=args.model, endpoint=args.endpoint,
-                 served_model=args.served_model, work=args.work)
-    print(json.dumps({"units": report["units"], "speed": report["speed"]}))
-    return 0
+    STAGE.add_main(parser, lambda args, config: run(args.prompts, args.output, config, model=args.model,
+                                                    endpoint=args.endpoint, served_model=args.served_model,
+                                                    work=args.work),
+                   lambda report: {"units": report["units"], "speed": report["speed"]})
 
 
 def iter_rows(output: str) -> Iterator[dict[str, Any]]:

@@ -20,20 +20,17 @@ atomically (manifest last); `klear sft --data <output>` reads the records.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
-import tempfile
 import time
 from collections import Counter, defaultdict
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
 from klear.common import storage
 from klear.common.chat import QWEN3_CHAT_TEMPLATE
-from klear.common.config import load_config
+from klear.common.data_stage import DataStage
 from klear.common.records import ParquetShardWriter
 from klear.judge import Judge, unwrap_record
 from klear.judge.io import SampleInputError, iter_judged
@@ -44,6 +41,7 @@ from klear.sft_data.policy import POLICIES, correctness, difficulty, keeps, refe
 from klear.sft_data.report import render_markdown
 
 log = logging.getLogger("klear.sft_data")
+STAGE = DataStage("sft-data", SftDataConfig, render_markdown)
 
 MESSAGE = pa.struct([("role", pa.string()), ("content", pa.string())])
 RECORD_SCHEMA = pa.schema([
@@ -134,13 +132,11 @@ def run(samples: str, output: str, config: SftDataConfig, reference: str | None 
     """Build SFT records from the teacher `samples` and publish them to `output`; returns the report."""
     started = time.monotonic()
     tokenizer_uri = tokenizer or config.tokenizer or None
-    storage.check_output(output, [samples, *([reference] if reference else []), *([tokenizer_uri] if tokenizer_uri else [])],
-                         stage="sft-data")
+    checked = STAGE.check(output, {"samples": samples, "reference": reference, "tokenizer": tokenizer_uri})
     tok = load_tokenizer(tokenizer_uri, config.chat_template) if tokenizer_uri else None  # fails before the work
     counts = _Counts()
-    with storage.claim_output(output), tempfile.TemporaryDirectory(prefix="klear-sft-data-") as tmp, \
-            Judge(config.judge) as judge:
-        staging = Path(tmp)
+    with checked.open() as out, Judge(config.judge) as judge:
+        staging = out.staging
         levels, ref_report = reference_difficulty(reference, judge, config) if reference else ({}, None)
         writer = ParquetShardWriter(staging / "records", "part", RECORD_SCHEMA, config.rows_per_shard,
                                     dictionary_columns=("source", "difficulty", "verdict"))
@@ -157,10 +153,7 @@ def run(samples: str, output: str, config: SftDataConfig, reference: str | None 
         label = "tokens (target tokenizer, chat template included)" if tok else "completion tokens (sampling model's tokenizer)"
         histogram_png(staging / "token_lengths.png", {k: v for k, v in sorted(counts.lengths.items())}, bins=30,
                       title="Length of usable teacher responses", xlabel=label)
-        (staging / "report.json").write_text(json.dumps(report, indent=2))
-        (staging / "report.md").write_text(render_markdown(report))
-        storage.publish_dir(staging, output, meta={"stage": "sft-data", "records": counts.kept, "read": counts.read,
-                                                   "policy": config.policy})
+        out.publish(report, {"records": counts.kept, "read": counts.read, "policy": config.policy})
     log.info("published %s: %d of %d teacher responses kept (%s)", output, counts.kept, counts.read, config.policy)
     return report
 
@@ -259,8 +252,6 @@ def _report(samples: str, reference: str | None, tokenizer: str | None, ref_repo
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    from klear.common.cli import add_config_arguments
-
     parser = subparsers.add_parser("sft-data", help="SFT chat records from teacher samples, by difficulty and correctness",
                                    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--samples", required=True, metavar="URI", help="teacher samples: output of `klear sample` or `klear judge`")
@@ -268,12 +259,5 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--reference", default=None, metavar="URI", help="reference-model samples that label difficulty")
     parser.add_argument("--tokenizer", default=None, metavar="URI",
                         help="target model or tokenizer folder for the length filter (default: config key tokenizer)")
-    add_config_arguments(parser)
-    parser.set_defaults(func=_main)
-
-
-def _main(args: argparse.Namespace) -> int:
-    config = load_config(SftDataConfig, args.config, args.overrides)
-    report = run(args.samples, args.output, config, args.reference, args.tokenizer)
-    print(json.dumps({**report["totals"], "would_keep": report["would_keep"]}))
-    return 0
+    STAGE.add_main(parser, lambda args, config: run(args.samples, args.output, config, args.reference, args.tokenizer),
+                   lambda report: {**report["totals"], "would_keep": report["would_keep"]})

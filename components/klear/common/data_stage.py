@@ -1,0 +1,123 @@
+"""The skeleton every data stage (curate, sample, judge, sft-data, rl-filter, evaluate) publishes through.
+
+A stage module builds one `DataStage`: its name, config class and report renderer. Its `run` is then the
+stage's own logic plus its report, on this frame:
+
+    output = STAGE.check(output, {"samples": samples, ...})  # every location it writes, before any work
+    ...                                                       # work that needs no output (loading, indexing)
+    with output.open() as out:                                # the output's lease and a staging folder
+        ...                                                   # the stage writes its files into out.staging
+        out.publish(report, {"kept": kept})                   # report.json, report.md, the manifest last
+
+The manifest's meta names the stage (`stage`: only the same stage may replace the output, see storage) and
+its inputs (`inputs`: role -> the URIs as given), beside the stage's own keys. A body that raises publishes
+nothing: the output keeps its earlier manifest and files, the staging folder goes, the lease is released.
+
+`DataStage.add_main` is the command's other half: the config options and a main that loads the config, runs
+the stage and prints its headline as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import tempfile
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from klear.common import storage
+
+Report = dict[str, Any]
+# role (what the stage calls the input: "samples", "benchmark") -> one URI, several, or none
+Inputs = Mapping[str, "str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | None"]
+RESERVED_META = ("stage", "inputs")
+
+
+def input_lists(inputs: Inputs) -> dict[str, list[str]]:
+    """`inputs` as role -> list of URIs, as given; roles without a URI are left out."""
+    lists = {}
+    for role, value in inputs.items():
+        uris = [value] if isinstance(value, (str, os.PathLike)) else list(value or ())
+        if any(uris):
+            lists[role] = [str(uri) for uri in uris if uri]
+    return lists
+
+
+@dataclass(frozen=True)
+class DataStage:
+    name: str  # the `klear` subcommand; `meta.stage` of its outputs; the staging folder's prefix
+    config_class: type
+    render_markdown: Callable[[Report], str] | None = None  # report.md; None: the output has no report.md
+
+    def check(self, output: str, inputs: Inputs, work: str | None = None, others: Sequence[storage.Write] = (),
+              role: str = "output") -> StageOutput:
+        """Refuse, in seconds and before any work, an output (and work area, and `others`) that cannot be written
+        or would replace an input, each other, or another stage's output (storage.check_writes). `role`: how
+        messages name the output (a command that also writes `--work` says `--output`)."""
+        lists = input_lists(inputs)
+        writes = [storage.Write(role, output, self.name),
+                  *([storage.Write("--work", work, self.name, published=False)] if work else []), *others]
+        checked = storage.check_writes(writes, [uri for uris in lists.values() for uri in uris])
+        return StageOutput(self, checked[0], lists, checked[1] if work else None)
+
+    def add_main(self, parser: argparse.ArgumentParser, call: Callable[[argparse.Namespace, Any], Report],
+                 headline: Callable[[Report], Any], default_preset: str = "paper") -> None:
+        """The config options (--config, --set) and the command's main: load the config, `call(args, config)`,
+        print `headline(report)` as one JSON line."""
+        from klear.common.cli import add_config_arguments
+        from klear.common.config import load_config, preset_names
+
+        add_config_arguments(parser, default_preset, ", ".join(preset_names(self.config_class)))
+
+        def main(args: argparse.Namespace) -> int:
+            report = call(args, load_config(self.config_class, args.config, args.overrides))
+            print(json.dumps(headline(report)))
+            return 0
+
+        parser.set_defaults(func=main)
+
+
+@dataclass(frozen=True)
+class StageOutput:
+    """A checked output of one stage run: where it goes, what the run reads, its work area if any."""
+
+    stage: DataStage
+    uri: storage.Uri
+    inputs: dict[str, list[str]]
+    work: storage.Uri | None = None
+
+    @contextlib.contextmanager
+    def open(self) -> Iterator[Publication]:
+        """Hold the output (a second run fails now, with OutputBusyError) and a staging folder until the block
+        ends; nothing is published unless the block calls `publish`."""
+        with storage.claim_output(self.uri) as lease, \
+                tempfile.TemporaryDirectory(prefix=f"klear-{self.stage.name}-") as staging:
+            yield Publication(self, Path(staging), lease)
+
+
+@dataclass(frozen=True)
+class Publication:
+    output: StageOutput
+    staging: Path  # the output's files go here; publish uploads them all
+    lease: storage.OutputLease
+
+    def write_report(self, report: Report) -> None:
+        """report.json (and report.md through the stage's renderer) into the staging folder."""
+        (self.staging / "report.json").write_text(json.dumps(report, indent=2, default=str))
+        render = self.output.stage.render_markdown
+        if render is not None:
+            (self.staging / "report.md").write_text(render(report))
+
+    def publish(self, report: Report, meta: Mapping[str, Any] | None = None) -> storage.Manifest:
+        """Write the report, then publish the staging folder, manifest last, its meta naming the stage and inputs."""
+        taken = sorted(set(RESERVED_META) & set(meta or {}))
+        if taken:
+            raise ValueError(f"manifest meta keys {taken} are the skeleton's (stage name, inputs)")
+        self.write_report(report)
+        stage = self.output.stage.name
+        return storage.publish_dir(self.staging, self.output.uri,
+                                   meta={"stage": stage, **(meta or {}), "inputs": self.output.inputs})
