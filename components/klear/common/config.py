@@ -275,8 +275,10 @@ def merge(base: dict[str, Any], changes: dict[str, Any], model: type[pydantic.Ba
         below = merged.get(key)
         field = model.model_fields.get(key)
         section = _section(field.annotation) if field is not None else None
-        deep = section is not None and isinstance(below, dict) and isinstance(value, dict)
-        merged[key] = merge(below, value, section) if deep and section is not None else value
+        if section is not None and isinstance(below, dict) and isinstance(value, dict):
+            merged[key] = merge(below, value, section)
+        else:
+            merged[key] = value
     return merged
 
 

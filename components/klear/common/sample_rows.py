@@ -12,13 +12,21 @@ through `file_tables` / `iter_sample_tables`, which
   - casts the contract's columns to SAMPLE_SCHEMA's types, so batches of one source agree.
 
 Other columns (the judge's, a user's) pass through unchecked.
+
+The contract also holds the rules the stages share about what a row says:
+
+  - the prompt of a source row (`prompt_text`): the first non-blank string of PROMPT_FIELDS, in the order
+    `klear sample` looks (its default prompt field is `prompt`);
+  - the response's normal form, `<think>\n{reasoning}\n</think>\n\n{answer}` (klear.common.chat: the think
+    tags, `render_response`, `split_response`), and its parts as the row gives them (`response_parts`: the
+    `reasoning` and `answer` columns where the row has them, its response split otherwise).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,10 +36,12 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from klear.common import storage
+from klear.common.chat import ResponseParts, render_response, split_response
 from klear.common.records import RecordError, jsonl_chunks, parse_chunk
 
-__all__ = ["DATA_SUFFIXES", "FIELDS", "KEY", "REQUIRED", "SAMPLE_SCHEMA", "SampleInputError", "SampleKeys",
-           "file_tables", "iter_sample_tables", "local_sample_files", "published_sample_files"]
+__all__ = ["DATA_SUFFIXES", "FIELDS", "KEY", "PROMPT_FIELDS", "REQUIRED", "SAMPLE_SCHEMA", "SampleInputError",
+           "SampleKeys", "file_tables", "iter_sample_tables", "local_sample_files", "prompt_text",
+           "published_sample_files", "response_parts"]
 
 # The rows `klear sample` writes (its shards and its published samples/ files).
 SAMPLE_SCHEMA = pa.schema([
@@ -56,6 +66,8 @@ REQUIRED = ("id", "sample", "response")
 # Folders of a published output that hold sample rows, in order of preference: judged rows, then raw samples.
 SAMPLE_FOLDERS = ("judged", "samples")
 DATA_SUFFIXES = (".parquet", ".jsonl", ".ndjson")
+# Where a source row (curate's, a dataset's, a benchmark's) holds its prompt, in the order they are tried.
+PROMPT_FIELDS = ("prompt", "problem", "question")
 
 
 class SampleInputError(RecordError):
@@ -132,6 +144,31 @@ class SampleKeys:
 
     def __len__(self) -> int:
         return len(self._first)
+
+
+# --------------------------------------------------------------------------- what a row says
+
+
+def prompt_text(row: Mapping[str, Any]) -> str | None:
+    """The prompt of a source row: its first PROMPT_FIELDS value that is a non-blank string; None without one."""
+    return next((row[f] for f in PROMPT_FIELDS if isinstance(row.get(f), str) and row[f].strip()), None)
+
+
+def response_parts(row: Mapping[str, Any]) -> ResponseParts:
+    """The parts of a sample row's response: its `reasoning` and `answer` columns where it has them and they are
+    the parts of its `response` (`klear sample` writes all three from one parse), else `response` split. A column
+    that disagrees with the response (a user's `answer` holding the gold answer) is not taken for it: the
+    response is what later stages train on and judge."""
+    response = row.get("response")
+    text = response if isinstance(response, str) else ""
+    reasoning, answer = row.get("reasoning"), row.get("answer")
+    if isinstance(answer, str) and isinstance(reasoning, (str, type(None))):
+        # Reasoning with an empty answer may be cut inside the reasoning or closed with nothing after it.
+        for closed in (True, False) if reasoning is not None and answer == "" else (True,):
+            parts = ResponseParts(reasoning, answer, closed)
+            if render_response(parts) == text:
+                return parts
+    return split_response(text)
 
 
 # --------------------------------------------------------------------------- JSONL

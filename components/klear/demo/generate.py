@@ -35,6 +35,7 @@ from typing import Any
 
 from klear import testsets as benchmarks
 from klear.common import storage
+from klear.common.chat import ResponseParts, render_response
 from klear.common.records import read_records, write_records
 from klear.demo import tasks
 
@@ -43,7 +44,7 @@ THINGS = ("apples", "marbles", "stickers", "books", "coins", "pencils", "shells"
 
 
 def _chat(prompt: str, reasoning: str, answer_text: str) -> tuple[str, list[dict[str, str]]]:
-    solution = f"<think>\n{reasoning}\n</think>\n\n{answer_text}"
+    solution = render_response(ResponseParts(reasoning, answer_text, True))
     return solution, [{"role": "user", "content": prompt}, {"role": "assistant", "content": solution}]
 
 

@@ -22,6 +22,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from klear.common.chat import ResponseParts, render_response
+
 BENCHMARK = "demo"
 _BENCHMARK_SALT = 7_919  # separates the benchmark's random stream from the training split's
 
@@ -62,7 +64,7 @@ def worked_lines(numbers: tuple[int, ...]) -> list[str]:
 
 def solution(numbers: tuple[int, ...]) -> str:
     reasoning = "\n".join(worked_lines(numbers))
-    return f"<think>\n{reasoning}\n</think>\n\nThe answer is $\\boxed{{{sum(numbers)}}}$."
+    return render_response(ResponseParts(reasoning, f"The answer is $\\boxed{{{sum(numbers)}}}$.", True))
 
 
 def item(numbers: tuple[int, ...], ident: str) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from typing import Any
 
 from klear import testsets
 from klear.common.records import RecordError, Source, iter_chunks, parse_chunk
+from klear.common.sample_rows import prompt_text
 from klear.evaluate.config import EvaluateConfig
 from klear.evaluate.livecodebench import LcbError, is_livecodebench, parse_problem
 from klear.judge.problems import Problem
@@ -21,7 +22,6 @@ __all__ = ["BenchmarkError", "BenchmarkSet", "EvalProblem", "load_benchmarks"]
 
 log = logging.getLogger("klear.evaluate")
 
-_PROBLEM_FIELDS = ("problem", "question", "prompt")
 _ROWS_PER_CHUNK = 16  # LiveCodeBench lines hold megabytes of tests: parse a few at a time
 
 
@@ -80,7 +80,7 @@ def _math_problem(row: dict[str, Any], where: str, source: Source, config: Evalu
     if name not in config.selected():
         return None
     pid = str(row.get("id") or "").strip()
-    text = next((row[f] for f in _PROBLEM_FIELDS if isinstance(row.get(f), str) and row[f].strip()), None)
+    text = prompt_text(row)
     answer = row.get("answer")
     if not pid or text is None or answer is None or not str(answer).strip():
         raise BenchmarkError(f"{where}: a math row needs id, problem and answer (fields present: {sorted(row)})")

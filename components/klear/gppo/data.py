@@ -15,10 +15,9 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from klear.common.records import iter_training_records
-from klear.common.records import unwrap_record
+from klear.common.records import iter_training_records, unwrap_record
+from klear.common.sample_rows import prompt_text
 
-PROMPT_FIELDS = ("prompt", "problem", "question")
 SKIP_REASONS = ("unreadable", "no_prompt", "no_answer", "no_tests", "prompt_too_long")
 
 
@@ -38,7 +37,7 @@ def rl_row(record: dict[str, Any], task: str, where: str) -> tuple[dict[str, Any
     flat = unwrap_record(record)
     if flat is None:
         return None, "unreadable"
-    prompt = next((flat[f] for f in PROMPT_FIELDS if isinstance(flat.get(f), str) and flat[f].strip()), None)
+    prompt = prompt_text(flat)
     if prompt is None:
         return None, "no_prompt"
     row: dict[str, Any] = {"prompt": [{"role": "user", "content": prompt}], "problem_id": str(flat.get("id") or where),

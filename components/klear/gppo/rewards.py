@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+from klear.common.chat import THINK_CLOSE, THINK_OPEN
 from klear.common.parallel import resolve_workers
 from klear.common.workers import WorkerPool
 from klear.gppo.config import RewardConfig
@@ -26,7 +27,7 @@ from klear.verifiers.math_verifier import extract_answer, format_ok, judge
 
 __all__ = [
     "RewardOutcome", "RewardPool", "code_outcome", "code_reward", "failed_outcome", "format_reward_override",
-    "math_outcome", "math_reward", "math_verdict", "score_rollout", "worker_verifier",
+    "math_outcome", "math_reward", "math_verdict", "score_rollout",
 ]
 
 log = logging.getLogger(__name__)
@@ -47,9 +48,9 @@ def format_reward_override(response: str, cfg: RewardConfig) -> float | None:
     if format_ok(response, cfg.think_start_in_prompt):
         return None
     if cfg.official_format_penalties:
-        if not cfg.think_start_in_prompt and "<think>" not in response:
+        if not cfg.think_start_in_prompt and THINK_OPEN not in response:
             return -2.0
-        if "</think>" not in response:
+        if THINK_CLOSE not in response:
             return -0.5
     return cfg.format_penalty
 

@@ -15,10 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from klear.common.records import RecordError, Source, iter_training_records, unwrap_record
+from klear.common.sample_rows import prompt_text
 
 __all__ = ["Problem", "ProblemError", "load_problems", "parse_tests", "problem_from_row", "unwrap_record"]
-
-PROMPT_FIELDS = ("prompt", "problem", "question")
 
 Kind = Literal["math", "code"]
 
@@ -97,8 +96,7 @@ def problem_from_row(row: Mapping[str, Any], task: str = "auto", fields: Mapping
     raw_id = flat.get(fields.get("id", "id"))
     pid = str(raw_id) if raw_id not in (None, "") else default_id
     prompt_field = fields.get("prompt")
-    prompt = flat.get(prompt_field) if prompt_field else next(
-        (flat[f] for f in PROMPT_FIELDS if isinstance(flat.get(f), str) and flat[f].strip()), "")
+    prompt = flat.get(prompt_field) if prompt_field else prompt_text(flat)
     raw_answer = flat.get(fields.get("answer", "answer"))
     answer = str(raw_answer) if raw_answer is not None and str(raw_answer).strip() else None
     tests = parse_tests(flat.get(fields.get("tests", "tests")))

@@ -13,29 +13,14 @@ and a response cut inside its reasoning keeps no `</think>`: `<think>\n{reasonin
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
-from klear.common.chat import THINK_CLOSE, THINK_OPEN
+# The normal form is the sample-row contract's (klear.common.chat): these are its one reader and one writer.
+from klear.common.chat import ResponseParts as Parsed
+from klear.common.chat import render_response as render
+from klear.common.chat import split_response as from_text
 
-
-@dataclass(frozen=True, slots=True)
-class Parsed:
-    reasoning: str | None  # None: the response has no reasoning part
-    answer: str
-    closed: bool  # the reasoning ended (a `</think>` belongs in the normal form)
-
-
-def from_text(text: str) -> Parsed:
-    """Split raw model text with inline think tags."""
-    if THINK_CLOSE in text:
-        head, _, answer = text.partition(THINK_CLOSE)
-        head = head.split(THINK_OPEN, 1)[1] if THINK_OPEN in head else head
-        return Parsed(head.strip(), answer.lstrip(), True)
-    stripped = text.lstrip()
-    if stripped.startswith(THINK_OPEN):
-        return Parsed(stripped[len(THINK_OPEN):].strip(), "", False)
-    return Parsed(None, text, True)
+__all__ = ["Parsed", "from_message", "from_text", "render"]
 
 
 def from_message(message: Mapping[str, Any], finish_reason: str | None) -> Parsed:
@@ -50,11 +35,3 @@ def from_message(message: Mapping[str, Any], finish_reason: str | None) -> Parse
             closed = content is not None and not (finish_reason == "length" and not answer.strip())
             return Parsed(reasoning.strip(), answer.lstrip(), closed)
     return from_text(content if isinstance(content, str) else "")
-
-
-def render(parsed: Parsed) -> str:
-    if parsed.reasoning is None:
-        return parsed.answer
-    if not parsed.closed:
-        return f"{THINK_OPEN}\n{parsed.reasoning}"
-    return f"{THINK_OPEN}\n{parsed.reasoning}\n{THINK_CLOSE}\n\n{parsed.answer}"

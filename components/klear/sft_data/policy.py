@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Literal
 
+from klear.common.chat import ResponseParts, split_response
 from klear.judge.rates import first_k_pass_rate
 from klear.sft_data.config import Policy
 
 Difficulty = Literal["easy", "hard", "unknown"]
 POLICIES: tuple[Policy, ...] = ("keep_all", "drop_incorrect_on_easy", "drop_incorrect")
-THINK_END = "</think>"
 
 
 def reference_pass_rate(judged: Iterable[tuple[int, bool]], k: int) -> float | None:
@@ -39,10 +39,11 @@ def keeps(policy: Policy, level: Difficulty, correct: bool | None, unknown_as: L
     return (unknown_as if level == "unknown" else level) != "easy"  # drop_incorrect_on_easy
 
 
-def truncated(response: str, finish_reason: str | None) -> bool:
+def truncated(response: ResponseParts | str, finish_reason: str | None) -> bool:
     """Cut at max tokens (finish_reason length), or no end of reasoning: such a record would teach the model to
-    stop mid-thought and never close its turn."""
-    return finish_reason == "length" or THINK_END not in response
+    stop mid-thought and never close its turn. `response`: its parts (a sample row's: `response_parts`) or text."""
+    parts = split_response(response) if isinstance(response, str) else response
+    return finish_reason == "length" or parts.reasoning is None or not parts.closed
 
 
 def correctness(kind: str | None, correct: bool | None) -> bool | None:

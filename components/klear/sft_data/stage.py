@@ -32,6 +32,7 @@ from klear.common import storage
 from klear.common.chat import QWEN3_CHAT_TEMPLATE
 from klear.common.data_stage import DataStage
 from klear.common.records import ParquetShardWriter
+from klear.common.sample_rows import prompt_text, response_parts
 from klear.judge import Judge, unwrap_record
 from klear.judge.io import SampleInputError, iter_judged
 from klear.judge.plots import histogram_png
@@ -49,7 +50,8 @@ RECORD_SCHEMA = pa.schema([
     ("difficulty", pa.string()), ("correct", pa.bool_()), ("reference_pass_rate", pa.float64()),
     ("tokens", pa.int64()), ("verdict", pa.string()),
 ])
-_COLUMNS = ("id", "sample", "prompt", "response", "finish_reason", "record", "source", "completion_tokens")
+_COLUMNS = ("id", "sample", "prompt", "response", "reasoning", "answer", "finish_reason", "record", "source",
+            "completion_tokens")
 
 
 class SftDataError(ValueError):
@@ -168,11 +170,11 @@ def _select(rows: list[dict[str, Any]], levels: dict[str, float | None], have_re
         pid = str(row["id"])
         if pid not in sources:
             flat = unwrap_record({"record": row.get("record")}) or {}
-            prompt = next((flat[f] for f in ("prompt", "problem", "question") if isinstance(flat.get(f), str)), "")
+            prompt = prompt_text(flat) or ""
             sources[pid] = (str(row.get("source") or flat.get("source") or "unknown"), prompt)
         source = sources[pid][0]
         text = str(row.get("response") or "")
-        if truncated(text, row.get("finish_reason")):
+        if truncated(response_parts(row), row.get("finish_reason")):
             counts.dropped["truncated"] += 1
             counts.truncated_per_source[source] += 1
             continue

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from decimal import Decimal, InvalidOperation
 from typing import Any, Literal
 
+from klear.common.chat import THINK_CLOSE
 from klear.verifiers.config import VerifierConfig
 from klear.verifiers.sandbox import RunResult, SandboxPool
 
@@ -31,7 +32,7 @@ PYTHON_FENCES = ("python", "python3", "py")
 
 
 # --- pure functions --------------------------------------------------------------------------------
-def extract_program(response: str, think_end: str = "</think>", require_think_end: bool = True) -> str | None:
+def extract_program(response: str, think_end: str = THINK_CLOSE, require_think_end: bool = True) -> str | None:
     """The last ```python block after the last `think_end` (else the last fenced block without a language); None
     when `think_end` is required and absent, or there is no such block."""
     if think_end:

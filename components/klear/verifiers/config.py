@@ -6,6 +6,7 @@ from typing import ClassVar, Literal
 
 import pydantic
 
+from klear.common.chat import THINK_CLOSE
 from klear.common.config import StageConfig
 
 __all__ = ["VerifierConfig"]
@@ -15,7 +16,7 @@ class VerifierConfig(StageConfig):
     preset_package: ClassVar[str] = "klear.verifiers"
 
     # --- math ---
-    think_end: str = "</think>"  # judge only what follows the last one; "" judges the whole response
+    think_end: str = THINK_CLOSE  # judge only what follows the last one; "" judges the whole response
     require_think_end: bool = True  # without it (cut at max tokens) the response is wrong
     require_box: bool = True  # no \boxed{} -> wrong (else fall back to math-verify's last number)
     # Off (paper, official code): the last box is the answer, whatever boxes came before it ("first \boxed{205},

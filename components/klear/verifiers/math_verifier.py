@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from klear.common.chat import THINK_CLOSE, THINK_OPEN
 from klear.common.parallel import resolve_workers
 from klear.common.workers import WorkerPool
 from klear.verifiers.config import VerifierConfig
@@ -56,7 +57,7 @@ def find_boxes(text: str) -> list[str]:
     return [content for _, content in sorted(found)]
 
 
-def answer_section(response: str, think_end: str = "</think>", require_think_end: bool = True) -> str | None:
+def answer_section(response: str, think_end: str = THINK_CLOSE, require_think_end: bool = True) -> str | None:
     """What follows the last `think_end`; None if it is required and absent (e.g. cut at max tokens)."""
     if not think_end:
         return response
@@ -76,7 +77,7 @@ def _norm(s: str) -> str:
     return "".join(s.split())
 
 
-def extract_answer(response: str, think_end: str = "</think>", require_think_end: bool = True,
+def extract_answer(response: str, think_end: str = THINK_CLOSE, require_think_end: bool = True,
                    require_box: bool = True, reject_conflicting: bool = False) -> Extraction:
     """The final answer to judge: the last box after `think_end`.
 
@@ -106,10 +107,10 @@ def format_ok(response: str, think_start_in_prompt: bool = False) -> bool:
     """
     text = response.lstrip()
     if think_start_in_prompt:
-        text = "<think>" + text
-    if not text.startswith("<think>") or text.count("<think>") != 1 or text.count("</think>") != 1:
+        text = THINK_OPEN + text
+    if not text.startswith(THINK_OPEN) or text.count(THINK_OPEN) != 1 or text.count(THINK_CLOSE) != 1:
         return False
-    return text.index("</think>") > len("<think>")
+    return text.index(THINK_CLOSE) > len(THINK_OPEN)
 
 
 # --- judging (runs in worker processes) ------------------------------------------------------------
