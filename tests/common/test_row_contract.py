@@ -64,7 +64,8 @@ def test_render_then_split_gives_the_parts_back(parts: ResponseParts) -> None:
 
 
 def test_the_normal_form() -> None:
-    assert render_response(ResponseParts("r", "a", True)) == f"{THINK_OPEN}\nr\n{THINK_CLOSE}\n\na" == response("r", "a")
+    assert render_response(ResponseParts("r", "a", True)) == f"{THINK_OPEN}\nr\n{THINK_CLOSE}\n\na"
+    assert render_response(ResponseParts("r", "a", True)) == response("r", "a")
     assert render_response(ResponseParts("r", "", False)) == f"{THINK_OPEN}\nr"
     # Raw model text: extra blank lines, a think block the template opened in the prompt.
     assert split_response("<think>\n\n r \n\n</think>\n\n\n a") == ResponseParts("r", "a", True)
@@ -84,7 +85,8 @@ def test_a_rows_columns_are_its_parts_when_they_are_its_responses() -> None:
     assert response_parts(cut) == ResponseParts(f"I will write {THINK_CLOSE} once done", "", False)
     closed_empty = {"response": render_response(ResponseParts("r", "", True)), "reasoning": "r", "answer": ""}
     assert response_parts(closed_empty).closed
-    assert response_parts({"response": "plain", "reasoning": None, "answer": "plain"}) == ResponseParts(None, "plain", True)
+    plain = {"response": "plain", "reasoning": None, "answer": "plain"}
+    assert response_parts(plain) == ResponseParts(None, "plain", True)
 
 
 def test_columns_that_are_not_the_responses_parts_are_not_taken_for_them() -> None:
