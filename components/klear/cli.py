@@ -11,6 +11,7 @@ import argparse
 import importlib
 import logging
 import sys
+from typing import Literal, NamedTuple
 
 COMMANDS = {
     "demo-data": "klear.demo.generate",
@@ -27,6 +28,35 @@ COMMANDS = {
     "verify-math": "klear.verifiers.cli",
     "verify-code": "klear.verifiers.cli",
 }
+
+
+class Stage(NamedTuple):
+    """Where a pipeline stage runs and which `klear-*` pipelines run it alone (see README "Adding a stage")."""
+
+    image: Literal["cpu", "gpu"]  # the base image of its KFP component (klear.common.images)
+    pipelines: tuple[str, ...]
+
+
+# The pipeline stages, in the recipe's order: the one list every other place is checked against by the tests
+# (import layers, torch-free modules, component images, presets in the wheel, compiled pipelines, README). A
+# stage's code is the package of its command (klear.<stage>: stage.py, component.py, presets/*.yaml).
+STAGES: dict[str, Stage] = {
+    "curate": Stage("cpu", ("klear-curate",)),
+    "sample": Stage("gpu", ("klear-sample",)),
+    "judge": Stage("cpu", ("klear-judge",)),
+    "sft-data": Stage("cpu", ("klear-sft-data",)),
+    "sft": Stage("gpu", ("klear-sft",)),
+    "rl-filter": Stage("cpu", ("klear-rl-filter",)),
+    "gppo": Stage("gpu", ("klear-gppo-math", "klear-gppo-code")),
+    "evaluate": Stage("cpu", ("klear-evaluate", "klear-evaluate-samples")),
+}
+# The pipeline of the whole recipe, besides each stage's own.
+RECIPE_PIPELINE = "klear-reasoner"
+
+
+def stage_package(command: str) -> str:
+    """The sub-package of a command's module: `sft-data` -> `sft_data`."""
+    return COMMANDS[command].split(".")[1]
 
 
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:

@@ -14,7 +14,7 @@ import pytest
 from klear.common.config import load_config
 from klear.evaluate.config import EvaluateConfig
 from klear.evaluate.samples import SampleError, parse_sample_specs
-from klear.evaluate.stage import SettingsMismatchError, check_sampling, run
+from klear.evaluate.stage import ProtocolMismatchError, check_sampling, run
 from tests.evaluate.helpers import TINY_SAMPLING, boxed, publish_samples, respond, row, write_jsonl
 
 TOY = ["benchmarks.toy.kind=math", "benchmarks.toy.k=8", "benchmarks.toy.title=Toy", "only=[toy]"]
@@ -123,10 +123,10 @@ def test_a_duplicated_sample_is_an_error(tmp_path: Path) -> None:
 def test_samples_off_protocol_are_refused_or_reported(tmp_path: Path) -> None:
     rows = [_right(pid, k) for pid in GOLD for k in range(8)]
     hot = publish_samples(rows, str(tmp_path / "hot"), {**TINY_SAMPLING, "temperature": 1.0, "top_k": 20})
-    with pytest.raises(SettingsMismatchError, match=r"temperature=1.0 \(protocol 0.6\); top_k=20 \(protocol 0\)"):
+    with pytest.raises(ProtocolMismatchError, match=r"temperature=1.0 \(protocol 0.6\); top_k=20 \(protocol 0\)"):
         run([hot], str(tmp_path / "out"), _config(), [_benchmark(tmp_path)])
     # The official script's extras, declared: then top_k 20 is the protocol and temperature 1.0 still is not.
-    with pytest.raises(SettingsMismatchError, match="temperature") as info:
+    with pytest.raises(ProtocolMismatchError, match="temperature") as info:
         run([hot], str(tmp_path / "out"), _config("official_extras.enabled=true"), [_benchmark(tmp_path)])
     assert "top_k" not in str(info.value)
 

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from klear.common.config import load_config
-from klear.judge import Judge, JudgeConfig, judge_samples, pass_rates, problem_from_row, resolve_problems, unwrap_record
+from klear.common.records import unwrap_record
+from klear.judge import Judge, JudgeConfig, judge_samples, pass_rates, problem_from_row, resolve_problems
 from klear.judge.problems import Problem, parse_tests
 from klear.judge.rates import histogram
 from klear.judge.scoring import Judgement, code_judgement, prepare

@@ -8,9 +8,11 @@ import pytest
 from google.protobuf import json_format
 from kfp.pipeline_spec import pipeline_spec_pb2
 
+from klear.cli import RECIPE_PIPELINE, STAGES
 from klear.common import storage
 from klear.demo.generate import generate
 from pipelines.compile import compile_all, validate
+from pipelines.definitions import PIPELINES
 from pipelines.run_local import run_compiled
 
 
@@ -21,8 +23,14 @@ def compiled(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-STAGE_PIPELINES = ["klear-curate", "klear-evaluate", "klear-evaluate-samples", "klear-gppo-code", "klear-gppo-math",
-                   "klear-judge", "klear-reasoner", "klear-rl-filter", "klear-sample", "klear-sft", "klear-sft-data"]
+# Every pipeline: the recipe and each stage's own, from the stage registry.
+STAGE_PIPELINES = sorted({RECIPE_PIPELINE, *(p for stage in STAGES.values() for p in stage.pipelines)})
+
+
+def test_the_pipelines_are_the_registrys() -> None:
+    """A stage registered without its pipeline, or a pipeline filed under another name, fails here."""
+    assert sorted(PIPELINES) == STAGE_PIPELINES
+    assert {key: pipeline.name for key, pipeline in PIPELINES.items() if key != pipeline.name} == {}
 
 
 def test_every_pipeline_compiles_and_loads_back(compiled: Path) -> None:
@@ -30,6 +38,11 @@ def test_every_pipeline_compiles_and_loads_back(compiled: Path) -> None:
     assert names == STAGE_PIPELINES
     for name in names:
         validate(compiled / f"{name}.yaml")
+    # Each stage's own pipelines run the stage's component.
+    for command, stage in STAGES.items():
+        for name in stage.pipelines:
+            components = validate(compiled / f"{name}.yaml").components
+            assert any(c.startswith(f"comp-{command}") for c in components), (name, sorted(components))
 
 
 def test_the_recipe_is_wired_in_the_papers_order(compiled: Path) -> None:

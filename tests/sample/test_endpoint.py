@@ -13,7 +13,7 @@ from klear.common import storage
 from klear.common.records import RecordError
 from klear.sample.backends.base import BackendError
 from klear.sample.stage import SampleFailedError, iter_rows, run
-from klear.sample.store import SettingsMismatchError
+from klear.sample.store import ResumeMismatchError
 from tests.sample.conftest import fast_config, write_prompts
 from tests.sample.fake_server import FakeServer, expected_parts
 
@@ -156,9 +156,9 @@ def test_changed_settings_are_refused_and_n_can_grow(fake_server: FakeServer, tm
     _sample(fake_server, prompts, out, "n=2")
     for change, named in (("temperature=0.7", "sampling.temperature: 0.6 -> 0.7"), ("seed=1", "sampling.seed: 0 -> 1"),
                           ("max_tokens=64", "sampling.max_tokens: 32 -> 64")):
-        with pytest.raises(SettingsMismatchError, match=f"other settings .*{named}.*write to a new --output"):
+        with pytest.raises(ResumeMismatchError, match=f"other settings .*{named}.*write to a new --output"):
             _sample(fake_server, prompts, out, "n=2", change)
-    with pytest.raises(SettingsMismatchError, match="identity.model: 'fake-teacher' -> 'bigger'"):
+    with pytest.raises(ResumeMismatchError, match="identity.model: 'fake-teacher' -> 'bigger'"):
         with FakeServer(served_model="bigger") as other:
             run([prompts], str(out), fast_config("n=2"), endpoint=other.url, served_model="bigger")
     before = fake_server.requests

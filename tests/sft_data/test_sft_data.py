@@ -138,3 +138,32 @@ def test_records_train_in_klear_sft(tmp_path: Path, tiny_model: str, demo_files:
                       work_dir=str(tmp_path / "work"))
     assert trained["data"]["read"] == 12 and trained["data"]["kept"] == 12
     assert trained["training"]["global_step"] >= 2
+
+
+def test_a_tokenizer_sft_cannot_load_is_refused_before_any_work(tmp_path: Path, tiny_model: str,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """sft-data loads the target tokenizer with sft's own loader (klear.common.tokenizer): what sft would refuse,
+    `klear sft-data` refuses first, in the same words, naming the folder."""
+    import shutil
+
+    from klear.cli import main
+    from klear.sft.config import SftConfig
+    from klear.sft.stage import SftError, load_tokenizer
+
+    teacher = publish_samples([sample_row("p", 0, boxed("4"), math_record("p", "4"))], str(tmp_path / "teacher"))
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    shutil.copy(Path(tiny_model) / "config.json", bare)
+    no_template = tmp_path / "no-template"
+    shutil.copytree(tiny_model, no_template)
+    (no_template / "chat_template.jinja").unlink()
+    sft_config = load_config(SftConfig, "tiny", ["chat_template=model"])
+    for folder, expected in ((bare, "no tokenizer files"), (no_template, "no chat template")):
+        out = tmp_path / f"out-{folder.name}"
+        argv = ["sft-data", "--samples", teacher, "--output", str(out), "--tokenizer", str(folder), "--config", "tiny"]
+        assert main(argv) == 2
+        error = capsys.readouterr().err
+        assert f"{folder}: " in error and expected in error and not out.exists()
+        with pytest.raises(SftError) as refused:
+            load_tokenizer(folder, str(folder), sft_config)
+        assert str(refused.value) in error

@@ -12,8 +12,9 @@ import os
 from collections.abc import Callable
 
 
-def add_config_arguments(parser: argparse.ArgumentParser, default_preset: str = "paper", presets: str = "paper, tiny") -> None:
-    """The config options every stage shares: a preset name or YAML file, and key=value overrides."""
+def add_config_arguments(parser: argparse.ArgumentParser, default_preset: str, presets: str) -> None:
+    """The config options every stage shares: a preset name or YAML file, and key=value overrides. `presets`:
+    the names in the stage's presets folder (`", ".join(config.preset_names(cls))`), never a hand-kept list."""
     parser.add_argument(
         "--config", default=default_preset, help=f"preset name ({presets}) or YAML file (default: {default_preset})"
     )

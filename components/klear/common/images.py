@@ -5,7 +5,8 @@ import os
 _REGISTRY = os.environ.get("KLEAR_IMAGE_REGISTRY", "klear").rstrip("/")
 _TAG = os.environ.get("KLEAR_IMAGE_TAG", "0.1.0")
 
-# CPU stages (curate, demo data): the package with its curate extra, no torch (docker/cpu.Dockerfile).
+# Which stage runs on which image: klear.cli.STAGES (tests/layout/test_stages.py checks each component's base_image).
+# CPU stages, the digest step and the training launcher's sizing step: no torch (docker/cpu.Dockerfile).
 CPU_IMAGE = f"{_REGISTRY}/klear-cpu:{_TAG}"
-# GPU stages (sample, sft, rl_filter, gppo, evaluate): CUDA, torch, vLLM, DeepSpeed (docker/gpu.Dockerfile).
+# GPU stages: CUDA, torch, vLLM, DeepSpeed (docker/gpu.Dockerfile).
 GPU_IMAGE = f"{_REGISTRY}/klear-gpu:{_TAG}"

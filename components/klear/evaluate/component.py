@@ -43,7 +43,7 @@ def evaluate(
         samples: the evaluated model's samples (a `klear sample` output); its math samples, or all of them.
         benchmark_uris: math sets and LiveCodeBench code_generation_lite JSONL files (s3:// or paths); [] = the
             shipped AIME24/AIME25/HMMT25 only (the LiveCodeBench benchmarks are then reported as without problems).
-        preset: evaluate config preset (paper, paper-64k, tiny) or a YAML file path.
+        preset: evaluate config preset (a name in klear/evaluate/presets/) or a YAML file path.
         overrides: config overrides, "key=value" strings (e.g. "settings_check=warn", "only=[aime24]").
         run_root: where stage outputs go, `<run_root>/<run id>/evaluate`.
         report: the self-contained HTML report (tables, figures inlined), shown in the KFP UI.
@@ -112,7 +112,7 @@ def evaluation_prompts(
 
     Args:
         benchmark_uris: math sets and LiveCodeBench code_generation_lite JSONL files; [] = the shipped math sets.
-        preset: evaluate config preset (paper, paper-64k, tiny) or a YAML file path.
+        preset: evaluate config preset (a name in klear/evaluate/presets/) or a YAML file path.
         overrides: config overrides, "key=value" strings.
         run_root: where outputs go, `<run_root>/<run id>/evaluate-prompts-{math,code}`.
         math_prompts: `math-k<k>.jsonl` (id, prompt, benchmark): the math benchmarks' problems, k = their avg@k.

@@ -1,6 +1,6 @@
 """Entry point of the evaluate stage: scores of saved generations on AIME, HMMT and LiveCodeBench, with a report.
 
-    klear evaluate --samples [LABEL=]URI [...] --output URI [--benchmark URI ...] [--config paper|paper-64k|tiny|FILE]
+    klear evaluate --samples [LABEL=]URI [...] --output URI [--benchmark URI ...] [--config PRESET|FILE]
     klear evaluate --model [LABEL=]URI --output URI [--sample-output URI] [--benchmark URI ...] [--config ...]
     klear evaluate-prompts --output URI [--benchmark URI ...] [--config ...]
 
@@ -93,7 +93,7 @@ PROBLEMS_SCHEMA = pa.schema([
 ])
 
 
-class SettingsMismatchError(ValueError):
+class ProtocolMismatchError(ValueError):
     """Saved samples taken under other sampling settings than the protocol's."""
 
 
@@ -284,7 +284,7 @@ def run(samples: Iterable[SampleSource | str], output: str, config: EvaluateConf
         differing = [f"{label}: {s['uri']}: {s['check']}" for label in labels for s in source_info[label]
                      if s["state"] == "differs"]
         if differing and config.settings_check == "error":
-            raise SettingsMismatchError("samples taken under other sampling settings than the protocol's (set "
+            raise ProtocolMismatchError("samples taken under other sampling settings than the protocol's (set "
                                         "settings_check=warn to score them anyway, reported):\n" + "\n".join(differing))
         selections = {label: select_samples(label, (key for local in opened[label] for key in read_keys(local)),
                                             bench, config) for label in labels}
@@ -295,7 +295,7 @@ def run(samples: Iterable[SampleSource | str], output: str, config: EvaluateConf
         asked_otherwise = [f"{label}: {s['uri']}: {s['check']}" for label in labels for s in source_info[label]
                            if s["prompts"]["differ"]]
         if asked_otherwise and config.settings_check == "error":
-            raise SettingsMismatchError("samples taken with other prompts than the protocol's template (set "
+            raise ProtocolMismatchError("samples taken with other prompts than the protocol's template (set "
                                         "settings_check=warn to score them anyway, reported):\n"
                                         + "\n".join(asked_otherwise))
         shortfalls = [line for label in labels for line in selections[label].shortfalls]

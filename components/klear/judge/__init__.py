@@ -13,9 +13,9 @@ rl-filter and evaluate.
 
 from klear.judge.config import JudgeConfig
 from klear.judge.pool import Judge, judge_samples, resolve_problems
-from klear.judge.problems import Problem, load_problems, problem_from_row, unwrap_record
+from klear.judge.problems import Problem, load_problems, problem_from_row
 from klear.judge.rates import PassRate, pass_rates
 from klear.judge.scoring import Judgement
 
 __all__ = ["Judge", "JudgeConfig", "Judgement", "PassRate", "Problem", "judge_samples", "load_problems",
-           "pass_rates", "problem_from_row", "resolve_problems", "unwrap_record"]
+           "pass_rates", "problem_from_row", "resolve_problems"]

@@ -21,8 +21,9 @@ from klear.common.parallel import resolve_workers
 from klear.common.workers import WorkerPool
 from klear.judge.config import JudgeConfig
 from klear.judge.problems import Problem, problem_from_row
-from klear.judge.scoring import Judgement, failed, prepare, worker_verifier
+from klear.judge.scoring import Judgement, failed, prepare
 from klear.verifiers.code_verifier import select_tests
+from klear.verifiers.config import worker_verifier
 
 __all__ = ["Judge", "judge_samples", "resolve_problems"]
 

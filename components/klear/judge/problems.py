@@ -1,9 +1,10 @@
 """Problems: what a sample is judged against (a math reference answer, or code test cases), read from any row.
 
 A sample row of `klear sample` carries its prompt's source row as JSON in `record`; when that source row is
-curate's output, it holds the original row as JSON in its own `record`, one level deeper. `unwrap_record`
-merges every level into one flat row, the outer level winning (curate's `prompt` and `id` are the ones it
-deduplicated), so `answer`, `tests` and `fn_name` are found wherever the original dataset put them.
+curate's output, it holds the original row as JSON in its own `record`, one level deeper.
+`klear.common.records.unwrap_record` merges every level into one flat row, the outer level winning (curate's
+`prompt` and `id` are the ones it deduplicated), so `answer`, `tests` and `fn_name` are found wherever the
+original dataset put them.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any, Literal
 from klear.common.records import RecordError, Source, iter_training_records, unwrap_record
 from klear.common.sample_rows import prompt_text
 
-__all__ = ["Problem", "ProblemError", "load_problems", "parse_tests", "problem_from_row", "unwrap_record"]
+__all__ = ["Problem", "ProblemError", "load_problems", "parse_tests", "problem_from_row"]
 
 Kind = Literal["math", "code"]
 

@@ -27,10 +27,10 @@ from typing import Any
 
 from klear.judge.problems import Problem
 from klear.verifiers.code_verifier import CodeResult, TestCase, extract_program, process_verifier, select_tests
-from klear.verifiers.config import VerifierConfig, worker_verifier
+from klear.verifiers.config import VerifierConfig
 from klear.verifiers.math_verifier import extract_answer, judge
 
-__all__ = ["FAILED_VERDICTS", "Judgement", "code_judgement", "prepare", "score_task", "worker_verifier"]
+__all__ = ["FAILED_VERDICTS", "Judgement", "code_judgement", "prepare", "score_task"]
 
 FAILED_VERDICTS = ("budget_timeout", "scorer_error")  # judgements that did not complete
 

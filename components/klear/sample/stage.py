@@ -49,7 +49,7 @@ from klear.sample.backends.base import Backend, Completion, Request
 from klear.sample.config import SampleConfig
 from klear.sample.progress import Progress, ProgressLogger
 from klear.sample.report import render_markdown
-from klear.sample.store import FAILED_SCHEMA, SCHEMA, SettingsMismatchError, WorkArea, failed_row
+from klear.sample.store import FAILED_SCHEMA, SCHEMA, ResumeMismatchError, WorkArea, failed_row
 from klear.sample.units import (Prompt, canonical_hash, check_unique, pending_units, prompt_from_row,
                                 shipped_responses, unit_seed, wanted_keys)
 
@@ -188,7 +188,7 @@ def check_settings(where: str, stored: dict[str, Any] | None, settings: dict[str
                    output: str, work: str) -> None:
     if stored is None or stored.get("hash") == digest:
         return
-    raise SettingsMismatchError(
+    raise ResumeMismatchError(
         f"{where} holds samples taken under other settings (hash {stored.get('hash')}, now {digest}): "
         f"{settings_difference(stored.get('settings', {}), settings)}. Mixing them would give a dataset of no "
         f"single distribution: write to a new --output, or delete {output} and {work} to start over")
@@ -202,7 +202,7 @@ def published_state(output: storage.Uri) -> dict[str, Any] | None:
         return None
     stage = manifest.meta.get("stage")
     if stage != "sample":
-        raise SettingsMismatchError(f"{output} holds a published {stage or 'unknown'!s} output, not samples; "
+        raise ResumeMismatchError(f"{output} holds a published {stage or 'unknown'!s} output, not samples; "
                                     "choose another --output")
     return {"hash": manifest.meta.get("settings_hash"), "settings": manifest.meta.get("settings", {}),
             "units_digest": manifest.meta.get("units_digest"), "failed": manifest.meta.get("failed")}

@@ -46,7 +46,7 @@ FAILED_SCHEMA = pa.schema([
 _KEY_COLUMNS = ["id", "sample", "prompt_hash"]
 
 
-class SettingsMismatchError(ValueError):
+class ResumeMismatchError(ValueError):
     """Units already sampled under other settings: mixing them would make a meaningless dataset."""
 
 

@@ -29,11 +29,11 @@ from typing import Any
 import pyarrow as pa
 
 from klear.common import storage
-from klear.common.chat import QWEN3_CHAT_TEMPLATE
+from klear.common import tokenizer as common_tokenizer
 from klear.common.data_stage import DataStage
-from klear.common.records import ParquetShardWriter
+from klear.common.records import ParquetShardWriter, unwrap_record
 from klear.common.sample_rows import prompt_text, response_parts
-from klear.judge import Judge, unwrap_record
+from klear.judge import Judge
 from klear.judge.io import SampleInputError, iter_judged
 from klear.judge.plots import histogram_png
 from klear.judge.rates import histogram
@@ -62,18 +62,9 @@ class SftDataError(ValueError):
 
 
 def load_tokenizer(uri: str, chat_template: str) -> Any:
-    """The target model's tokenizer with the chat template SFT renders conversations with."""
-    from transformers import AutoTokenizer
-
+    """The target model's tokenizer with the chat template SFT renders conversations with (the loader of sft)."""
     with storage.localize(uri) as local:
-        if not any((local / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
-            raise SftDataError(f"{uri}: no tokenizer files (tokenizer.json / tokenizer_config.json)")
-        tokenizer = AutoTokenizer.from_pretrained(str(local))
-    if chat_template == "qwen3":
-        tokenizer.chat_template = QWEN3_CHAT_TEMPLATE
-    elif not tokenizer.chat_template:
-        raise SftDataError(f"{uri}: the tokenizer has no chat template; set chat_template=qwen3 (as for `klear sft`)")
-    return tokenizer
+        return common_tokenizer.load_tokenizer(local, uri, chat_template, SftDataError)
 
 
 def count_tokens(tokenizer: Any, conversations: Sequence[list[dict[str, str]]]) -> list[int]:

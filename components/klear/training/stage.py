@@ -25,13 +25,11 @@ from typing import Any, Protocol
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from klear.common import storage  # noqa: E402
-from klear.common.chat import END_OF_TURN, QWEN3_CHAT_TEMPLATE  # noqa: E402
+from klear.common.chat import END_OF_TURN  # noqa: E402
+from klear.common.tokenizer import load_tokenizer  # noqa: E402
 from klear.training import checkpoints, hf_model  # noqa: E402
 from klear.training.fingerprint import run_fingerprint  # noqa: E402
 from klear.training.hf_model import ModelInputError  # noqa: E402
-
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json")
-
 
 class TrainingConfig(Protocol):
     """The fields of a stage's config the skeleton reads (SftConfig and GppoConfig have them)."""
@@ -127,15 +125,7 @@ def load_chat_tokenizer(model_dir: Path, model: str, chat_template: str, error: 
     """The model's tokenizer with the training chat template and the one EOS rule of all training stages:
     EOS = <|im_end|>, the end of turn SFT teaches and RL rollouts stop at; the pad token must differ from it.
     `chat_template`: 'qwen3' (the shipped template) or 'model' (the tokenizer's own, which must exist)."""
-    from transformers import AutoTokenizer
-
-    if not any((model_dir / name).is_file() for name in TOKENIZER_FILES):
-        raise error(f"{model}: no tokenizer files (tokenizer.json / tokenizer_config.json); save the tokenizer with the model")
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    if chat_template == "qwen3":
-        tokenizer.chat_template = QWEN3_CHAT_TEMPLATE
-    elif not tokenizer.chat_template:
-        raise error(f"{model}: the tokenizer has no chat template; ship one or use --set chat_template=qwen3")
+    tokenizer = load_tokenizer(model_dir, model, chat_template, error)
     if END_OF_TURN not in tokenizer.get_vocab():
         raise error(f"{model}: the vocabulary has no {END_OF_TURN} token, the end of turn the model must learn to emit "
                     "and rollouts stop at")
