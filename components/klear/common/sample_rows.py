@@ -60,6 +60,9 @@ SAMPLE_SCHEMA = pa.schema([
     ("seed", pa.int64()),
     ("attempts", pa.int16()),
     ("prompt_hash", pa.string()),
+    # The conversation the model answered, as JSON ([{"role", "content"}, ...]: system prompt and earlier turns
+    # included), so an SFT record is that conversation plus the response, never the last turn alone.
+    ("messages", pa.string()),
 ])
 KEY = ("id", "sample")
 REQUIRED = ("id", "sample", "response")
@@ -114,7 +117,7 @@ FIELDS: dict[str, Field] = {f.name: f for f in (
     Field("prompt", "text"), Field("reasoning", "text"), Field("answer", "text"), Field("finish_reason", "text"),
     Field("prompt_tokens", "count"), Field("completion_tokens", "count"), Field("model", "text"),
     Field("source", "text"), Field("record", "json"), Field("seed", "count"), Field("attempts", "count"),
-    Field("prompt_hash", "text"),
+    Field("prompt_hash", "text"), Field("messages", "text"),
 )}
 
 

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from klear.common.markdown import markdown_report
 
+
+@markdown_report
 def render_markdown(report: dict[str, Any]) -> str:
     totals = report["totals"]
     n = report["config"]["ngram_size"]

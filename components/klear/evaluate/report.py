@@ -9,6 +9,9 @@ import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
+
+from klear.common.markdown import escape
 
 __all__ = ["flatten", "render_html", "render_markdown", "summary_table"]
 
@@ -101,14 +104,10 @@ def _settings_rows(report: Mapping[str, Any]) -> list[tuple[str, str]]:
 # --------------------------------------------------------------------------- Markdown
 
 
-def _md_cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", "\\n")
-
-
 def _md_table(table: Table) -> list[str]:
     headers, rows = table
-    lines = ["| " + " | ".join(_md_cell(h) for h in headers) + " |", "|" + "---|" * len(headers)]
-    lines += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in rows]
+    lines = ["| " + " | ".join(escape(h) for h in headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(escape(c) for c in row) + " |" for row in rows]
     return lines
 
 
@@ -119,16 +118,18 @@ def _lead(report: Mapping[str, Any]) -> str:
 
 
 def render_markdown(report: Mapping[str, Any], with_figures: bool = True) -> str:
-    lines = ["# Evaluation", "", _lead(report), "", "## Scores", "", *_md_table(summary_table(report)), ""]
+    # Every value from data goes through the one escaping rule (klear.common.markdown): tables cell by cell.
+    lines = ["# Evaluation", "", escape(_lead(report)), "", "## Scores", "", *_md_table(summary_table(report)), ""]
     for label in report["labels"]:
         model = report["models"][label]
-        lines += [f"## {label}", ""]
+        lines += [f"## {escape(label)}", ""]
         if model["benchmarks"]:
             lines += [*_md_table(detail_table(report, label)), ""]
         if model["not_sampled"]:
-            lines += [f"Not sampled (no sample of any of their problems): {', '.join(model['not_sampled'])}.", ""]
+            lines += [f"Not sampled (no sample of any of their problems): {escape(', '.join(model['not_sampled']))}.",
+                      ""]
     if report["notes"]:
-        lines += ["## Notes", "", *[f"- {note}" for note in report["notes"]], ""]
+        lines += ["## Notes", "", *[f"- {escape(note)}" for note in report["notes"]], ""]
     lines += ["## Protocol", "", *_md_table(_protocol_table(report)), "", "## Settings", "",
               *_md_table((["setting", "value"], [list(r) for r in _settings_rows(report)])), "",
               "## Samples", "", *_md_table(_sources_table(report)), "",
@@ -136,7 +137,7 @@ def render_markdown(report: Mapping[str, Any], with_figures: bool = True) -> str
     figures = report["figures"]
     if with_figures:
         lines += ["## Figures", "", f"![scores]({figures['scores']})", "", f"![pass counts]({figures['pass_counts']})", ""]
-        lines += [f"![lengths {label}]({name})" for label, name in figures["lengths"].items()] + [""]
+        lines += [f"![lengths {escape(label)}]({quote(name)})" for label, name in figures["lengths"].items()] + [""]
     else:
         lines += ["Figures (scores with error bars, response lengths, per-problem pass counts): in the HTML report.", ""]
     return "\n".join(lines)

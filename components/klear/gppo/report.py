@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from klear.common.markdown import markdown_report
 from klear.training import report as common
 
 EXTRA_METRICS: tuple[common.Extra, ...] = (("fill_ratio_min", "training", "fill_ratio_min"),)
@@ -22,6 +23,7 @@ def _cell(row: dict[str, float], key: str, digits: int) -> str:
     return f"{row[key]:.{digits}f}" if key in row else "-"
 
 
+@markdown_report
 def render_markdown(report: dict[str, Any]) -> str:
     data, training, config = report["data"], report["training"], report["config"]
     title = f"GPPO RL ({config['task']}, loss {config['loss']}, ε_l {config['eps_low']}, ε_h {config['eps_high']}, α {config['sft_alpha']})"

@@ -116,11 +116,17 @@ def problem_from_row(row: Mapping[str, Any], task: str = "auto", fields: Mapping
 
 def load_problems(spec: str, task: str = "auto") -> Iterator[tuple[str, Problem]]:
     """(where, problem) for every row of a problem source: a file or published output, with an optional field
-    mapping (`URI#id=uid&answer=solution&tests=test_cases`). A row that cannot be read is an error naming it."""
+    mapping (`URI#id=uid&answer=solution&tests=test_cases`). A row that cannot be read, or that has no id to
+    join samples on, is an error naming it."""
     source = Source.parse(spec)
+    id_field = source.fields.get("id", "id")
     # A published output is read as training stages read it: curate's kept prompts/, never its removal lists.
     for located in iter_training_records([source.uri]):
-        problem = problem_from_row(located.record, task, source.fields, default_id=f"{source.name}:{located.number}")
+        problem = problem_from_row(located.record, task, source.fields)
         if problem is None:
             raise ProblemError(f"{located.where}: its `record` is not a JSON object")
+        if not problem.id:
+            # An id made up from the line number would match no sample: judging would silently find nothing.
+            raise ProblemError(f"{located.where}: field {id_field!r} is missing or empty, so no sample can be "
+                               f"matched to this problem; name the id field with {source.uri}#id=FIELD")
         yield located.where, problem

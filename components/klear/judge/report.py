@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from klear.common.markdown import markdown_report
 
+
+@markdown_report
 def render_markdown(report: dict[str, Any]) -> str:
     t = report["totals"]
     lines = [
@@ -13,6 +16,11 @@ def render_markdown(report: dict[str, Any]) -> str:
         f"{t['samples']} samples of {t['problems']} problems judged ({report['elapsed_s']} s, "
         f"{report['workers']} workers per task kind); {t['reused']} scores reused from an interrupted run.",
         "",
+    ]
+    if t["unknown_problem"]:
+        lines += [f"**Warning: {t['unknown_problem']} of {t['samples']} samples match no problem** and count as wrong "
+                  f"(ids such as {', '.join(report['unknown_problem_ids'][:5])}): check the problems' id field.", ""]
+    lines += [
         "| task | samples | correct | accuracy | problems | mean pass rate |",
         "|---|---|---|---|---|---|",
     ]

@@ -96,6 +96,10 @@ class _Tally:
         if j.verdict == "unknown_problem" and len(self.unknown_examples) < 20 and str(row_id) not in self.unknown_examples:
             self.unknown_examples.append(str(row_id))
 
+    def unmatched(self) -> int:
+        """Samples whose id is not among the problems."""
+        return sum(verdicts["unknown_problem"] for verdicts in self.verdicts.values())
+
 
 def _judge_batch(table: pa.Table, judge: Judge, problems: Mapping[str, Problem] | None,
                  saved: Mapping[tuple[str, int], tuple[str, dict[str, Any]]],
@@ -156,6 +160,16 @@ def run(samples: str, output: str, config: JudgeConfig, problems: str | None = N
                          tally.samples / (last_log - started))
         if writer is None or tally.samples == 0:
             raise SampleInputError(f"{samples} holds no sample rows: nothing to judge, nothing published")
+        unmatched = tally.unmatched()
+        if unmatched == tally.samples:
+            where = f"the problems of {problems}" if problems else "their records"
+            raise SampleInputError(
+                f"none of the {tally.samples} samples in {samples} matches a problem of {where} (sample ids such as "
+                f"{', '.join(tally.unknown_examples[:5])}): judging nothing is no result, nothing published; check "
+                "the problems' id field (URI#id=FIELD)")
+        if unmatched:
+            log.warning("%d of %d samples match no problem (ids such as %s): they count as wrong; see report.md",
+                        unmatched, tally.samples, ", ".join(tally.unknown_examples[:5]))
         writer.close()
         rates = tally.rates.rows()
         rate_writer = ParquetShardWriter(staging / "pass_rates", "part", PASS_RATE_SCHEMA, config.rows_per_shard)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from klear.common.markdown import markdown_report
+
 WHY = {
     "contaminated": "shares an n-gram with a test set",
     "short_match": "shorter than n words, found inside a test item",
@@ -20,6 +22,7 @@ WHY = {
 }
 
 
+@markdown_report
 def render_markdown(report: dict[str, Any]) -> str:
     t = report["totals"]
     lines = [

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from klear.common.markdown import markdown_report
+
 
 def metric_items(report: dict[str, Any]) -> list[tuple[str, float]]:
     units, tokens, speed = report["units"], report["tokens"], report["speed"]
@@ -16,6 +18,7 @@ def metric_items(report: dict[str, Any]) -> list[tuple[str, float]]:
     return [(name, float(value)) for name, value in items]
 
 
+@markdown_report
 def render_markdown(report: dict[str, Any]) -> str:
     units, tokens, speed, backend = report["units"], report["tokens"], report["speed"], report["backend"]
     config = report["config"]

@@ -218,7 +218,11 @@ def import_published(output: storage.Uri, area: WorkArea) -> int:
     with storage.fetch_published(output) as (local, manifest):
         parts = sorted(rel for rel in manifest.files if rel.startswith("samples/") and rel.endswith(".parquet"))
         for i, rel in enumerate(parts):
-            table = pq.read_table(local / rel).select(SCHEMA.names).cast(SCHEMA)
+            table = pq.read_table(local / rel)
+            for name in SCHEMA.names:  # an output of an earlier version lacks newer columns: null, not an error
+                if name not in table.column_names:
+                    table = table.append_column(name, pa.nulls(table.num_rows, SCHEMA.field(name).type))
+            table = table.select(SCHEMA.names).cast(SCHEMA)
             area.write_table(f"{PUBLISHED_PREFIX}-{i:05d}", table)
             rows += table.num_rows
     return rows

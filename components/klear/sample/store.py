@@ -64,6 +64,7 @@ def completion_row(completion: Completion) -> dict[str, Any]:
         "completion_tokens": completion.completion_tokens, "model": completion.model,
         "source": request.prompt.source, "record": request.prompt.record, "seed": request.seed,
         "attempts": completion.attempts, "prompt_hash": request.prompt.hash,
+        "messages": orjson.dumps(list(request.prompt.messages)).decode(),
     }
 
 

@@ -59,14 +59,16 @@ def unit_seed(base_seed: int, prompt_id: str, sample: int) -> int:
 
 
 def _assistant_turn(messages: list[Any]) -> int | None:
-    for i, message in enumerate(messages):
-        if isinstance(message, dict) and message.get("role") == "assistant":
-            return i
+    """The index of the final turn when it is the assistant's (a shipped response); earlier assistant turns belong
+    to the conversation being answered."""
+    last = len(messages) - 1
+    if last >= 0 and isinstance(messages[last], dict) and messages[last].get("role") == "assistant":
+        return last
     return None
 
 
 def _chat_prefix(messages: Any, where: str) -> list[dict[str, str]]:
-    """The turns before the first assistant turn of a `messages` field, checked."""
+    """The conversation a `messages` field asks to answer: every turn but a final assistant one, checked."""
     if not isinstance(messages, list) or not messages:
         raise RecordError(f"{where}: field 'messages' is not a non-empty list of chat turns")
     end = _assistant_turn(messages)
@@ -76,7 +78,7 @@ def _chat_prefix(messages: Any, where: str) -> list[dict[str, str]]:
             raise RecordError(f"{where}: a turn of 'messages' lacks a role or a text content: {str(turn)[:120]}")
         chat.append({"role": str(turn["role"]), "content": turn["content"]})
     if not chat or chat[-1]["role"] != "user":
-        raise RecordError(f"{where}: 'messages' has no user turn before the assistant's")
+        raise RecordError(f"{where}: 'messages' does not end with a user turn (before a final assistant turn)")
     return chat
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from klear.common.markdown import markdown_report
 from klear.training import report as common
 
 EXTRA_METRICS: tuple[common.Extra, ...] = (("train_tokens_per_epoch", "data", "tokens"),)
@@ -13,6 +14,7 @@ def metric_items(report: dict[str, Any]) -> list[tuple[str, float]]:
     return common.metric_items(report, EXTRA_METRICS)
 
 
+@markdown_report
 def render_markdown(report: dict[str, Any]) -> str:
     data, training = report["data"], report["training"]
     lines = [

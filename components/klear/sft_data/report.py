@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from klear.common.markdown import markdown_report
+
 LABELS = ("correct", "incorrect", "unlabelled")
 
 
+@markdown_report
 def render_markdown(report: dict[str, Any]) -> str:
     t = report["totals"]
     d = t["dropped"]

@@ -9,7 +9,8 @@ its pass rate over the first k samples labels each prompt easy (>= easy_threshol
 what is kept (keep_all, drop_incorrect_on_easy, drop_incorrect); truncated responses (finish_reason length, no
 </think>) are always dropped, and so are records longer than max_length tokens of `--tokenizer`. Publishes
 
-    records/part-*.parquet   {"messages": [user prompt, assistant "<think>...</think>\\n\\nanswer"]} plus id,
+    records/part-*.parquet   {"messages": [the conversation the teacher answered (system prompt and earlier
+                             turns included), assistant "<think>...</think>\\n\\nanswer"]} plus id,
                              sample, source, difficulty, correct, reference_pass_rate, tokens, verdict
     report.json, report.md   counts per source x difficulty x correctness, what each policy keeps, lengths
     token_lengths.png        length distribution of the usable responses
@@ -20,6 +21,7 @@ atomically (manifest last); `klear sft --data <output>` reads the records.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import time
 from collections import Counter, defaultdict
@@ -51,7 +53,7 @@ RECORD_SCHEMA = pa.schema([
     ("tokens", pa.int64()), ("verdict", pa.string()),
 ])
 _COLUMNS = ("id", "sample", "prompt", "response", "reasoning", "answer", "finish_reason", "record", "source",
-            "completion_tokens")
+            "completion_tokens", "messages")
 
 
 class SftDataError(ValueError):
@@ -114,6 +116,7 @@ class _Counts:
         self.unlabelled = 0
         self.lengths: dict[str, list[int]] = defaultdict(list)
         self.no_reference_ids: set[str] = set()
+        self.reference_ids: set[str] = set()
 
 
 def _label(correct: bool | None) -> str:
@@ -138,6 +141,11 @@ def run(samples: str, output: str, config: SftDataConfig, reference: str | None 
         writer.close()
         if counts.read == 0:
             raise SampleInputError(f"{samples} holds no sample rows: nothing published")
+        if reference and counts.no_reference_ids and not counts.reference_ids:
+            shown = ", ".join(sorted(counts.no_reference_ids)[:5])
+            raise SftDataError(f"none of the {len(counts.no_reference_ids)} teacher prompts of {samples} has samples "
+                               f"in --reference {reference} (prompt ids such as {shown}): every difficulty would be "
+                               "unknown; wrong --reference? nothing published")
         if counts.kept == 0:
             raise SftDataError(f"no record of {samples} was kept ({counts.read} read, dropped {dict(counts.dropped)}): "
                                "nothing published")
@@ -149,6 +157,23 @@ def run(samples: str, output: str, config: SftDataConfig, reference: str | None 
         out.publish(report, {"records": counts.kept, "read": counts.read, "policy": config.policy})
     log.info("published %s: %d of %d teacher responses kept (%s)", output, counts.kept, counts.read, config.policy)
     return report
+
+
+def conversation(row: dict[str, Any], fallback_prompt: str) -> list[dict[str, str]]:
+    """The conversation the teacher answered: the row's `messages` (system prompt and earlier turns included) as
+    `klear sample` recorded them; for rows without them (other tools' files), the prompt as one user turn."""
+    recorded = row.get("messages")
+    if not recorded:
+        return [{"role": "user", "content": str(row.get("prompt") or fallback_prompt)}]
+    try:
+        turns = json.loads(recorded)
+    except ValueError:
+        turns = None
+    if not (isinstance(turns, list) and turns and all(
+            isinstance(t, dict) and isinstance(t.get("role"), str) and isinstance(t.get("content"), str) for t in turns)):
+        raise SampleInputError(f"sample {row.get('id')!r}/{row.get('sample')}: field 'messages' is not a JSON list of "
+                               "{role, content} turns")
+    return [{"role": t["role"], "content": t["content"]} for t in turns]
 
 
 def _select(rows: list[dict[str, Any]], levels: dict[str, float | None], have_reference: bool, tok: Any,
@@ -169,8 +194,7 @@ def _select(rows: list[dict[str, Any]], levels: dict[str, float | None], have_re
             counts.dropped["truncated"] += 1
             counts.truncated_per_source[source] += 1
             continue
-        prompt = row.get("prompt") or sources[pid][1]
-        messages = [{"role": "user", "content": str(prompt)}, {"role": "assistant", "content": text}]
+        messages = [*conversation(row, sources[pid][1]), {"role": "assistant", "content": text}]
         usable.append((row, source, messages))
     lengths = count_tokens(tok, [m for _, _, m in usable]) if tok is not None else [None] * len(usable)
     out: dict[str, list[Any]] = {name: [] for name in RECORD_SCHEMA.names}
@@ -179,8 +203,8 @@ def _select(rows: list[dict[str, Any]], levels: dict[str, float | None], have_re
         correct = correctness(row.get("kind"), row.get("correct"))
         rate = levels.get(pid)
         level = difficulty(rate, config.easy_threshold)
-        if have_reference and pid not in levels:
-            counts.no_reference_ids.add(pid)
+        if have_reference:
+            (counts.reference_ids if pid in levels else counts.no_reference_ids).add(pid)
         label = _label(correct)
         counts.unlabelled += correct is None
         counts.matrix[source][level][label] += 1

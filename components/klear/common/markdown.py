@@ -1,0 +1,54 @@
+"""The one Markdown escaping rule of every report.md.
+
+The Kubeflow UI renders a task's Markdown summary, so any text that comes from data (ids, file names, URIs,
+verdicts, labels, error messages) must show as text: no HTML (`<img onerror=...>`), no links, and no pipe or
+line break that would split a table cell. A renderer either escapes each value it writes (`escape`) or is
+declared with `@markdown_report`, which hands it a copy of the report whose every string is escaped.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+__all__ = ["escape", "escaped", "markdown_report"]
+
+# One pass (str.translate), so the entities it writes are never escaped again. Entities rather than backslash
+# escapes: a renderer that prints a value's repr() (a dict, a quoted setting) doubles backslashes, and `\\|` would
+# end a table cell; `&#124;` survives repr() and GFM splits cells before it decodes entities.
+_ESCAPES = str.maketrans({
+    "&": "&amp;", "<": "&lt;", ">": "&gt;",  # no HTML
+    "|": "&#124;", "\\": "&#92;",  # no cell break
+    "[": "&#91;", "]": "&#93;", "`": "&#96;",  # no links, images or code spans made of data
+    "\n": " ", "\r": " ",  # a table row is one line
+})
+
+
+def escape(value: object) -> str:
+    """`value` as Markdown text that renders as itself, inside a table cell or not."""
+    return str(value).translate(_ESCAPES)
+
+
+def escaped(value: Any) -> Any:
+    """A copy of `value` with every string (mapping keys included) escaped; numbers, booleans and None kept."""
+    if isinstance(value, str):
+        return escape(value)
+    if isinstance(value, Mapping):
+        return {escaped(k) if isinstance(k, str) else k: escaped(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [escaped(v) for v in value]
+    return value
+
+
+R = TypeVar("R", bound=Callable[..., str])
+
+
+def markdown_report(render: R) -> R:
+    """Declare a report renderer whose report values all come out escaped (its own template text is not)."""
+
+    @functools.wraps(render)
+    def wrapper(report: Mapping[str, Any], *args: Any, **kwargs: Any) -> str:
+        return render(escaped(report), *args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]

@@ -1,0 +1,65 @@
+"""An SFT record is the conversation the teacher answered (system prompt and earlier turns included) plus its
+response, never the last user turn alone: `klear sample` records the conversation it sent in each row, and
+`klear sft-data` builds the record from it. Runs the real commands."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+SYSTEM = "You are a careful mathematician."
+TRACE = "<think>\nAdd the numbers.\n</think>\n\nThe answer is $\\boxed{4}$."
+
+
+def _klear(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "klear.cli", *args], capture_output=True, text=True, timeout=300)
+
+
+def _rows(folder: Path, sub: str) -> list[dict[str, object]]:
+    return [row for part in sorted((folder / sub).glob("*.parquet")) for row in pq.read_table(part).to_pylist()]
+
+
+def test_records_hold_the_whole_conversation_the_teacher_answered(tmp_path: Path) -> None:
+    earlier = [{"role": "user", "content": "What is 1+1?"}, {"role": "assistant", "content": "It is 2."},
+               {"role": "user", "content": "And 2+2?"}]
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(
+        json.dumps({"id": "multi", "messages": [*earlier, {"role": "assistant", "content": TRACE}], "answer": "4"})
+        + "\n" + json.dumps({"id": "single", "prompt": "What is 2+2?", "response": TRACE, "answer": "4"}) + "\n")
+    sampled = _klear("sample", "--prompts", str(prompts), "--output", str(tmp_path / "teacher"), "--config", "tiny",
+                     "--set", "backend=records", "--set", f"system_prompt={SYSTEM}")
+    assert sampled.returncode == 0, sampled.stderr[-3000:]
+    sent = {row["id"]: json.loads(str(row["messages"])) for row in _rows(tmp_path / "teacher", "samples")}
+    system = {"role": "system", "content": SYSTEM}
+    assert sent == {"multi": [system, *earlier], "single": [system, {"role": "user", "content": "What is 2+2?"}]}
+
+    built = _klear("sft-data", "--samples", str(tmp_path / "teacher"), "--output", str(tmp_path / "sft"),
+                   "--config", "tiny")
+    assert built.returncode == 0, built.stderr[-3000:]
+    records = {row["id"]: row["messages"] for row in _rows(tmp_path / "sft", "records")}
+    assert records["multi"] == [system, *earlier, {"role": "assistant", "content": TRACE}]
+    assert records["single"] == [system, {"role": "user", "content": "What is 2+2?"},
+                                 {"role": "assistant", "content": TRACE}]
+
+
+def test_rows_without_a_conversation_keep_the_prompt_as_one_user_turn(tmp_path: Path) -> None:
+    samples = tmp_path / "samples.jsonl"
+    samples.write_text(json.dumps({"id": "p", "sample": 0, "prompt": "What is 2+2?", "response": TRACE,
+                                   "finish_reason": "stop", "record": {"id": "p", "answer": "4"}}) + "\n")
+    built = _klear("sft-data", "--samples", str(samples), "--output", str(tmp_path / "sft"), "--config", "tiny")
+    assert built.returncode == 0, built.stderr[-3000:]
+    assert [row["messages"] for row in _rows(tmp_path / "sft", "records")] == [
+        [{"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": TRACE}]]
+
+
+def test_a_conversation_that_is_not_a_list_of_turns_is_refused(tmp_path: Path) -> None:
+    samples = tmp_path / "samples.jsonl"
+    samples.write_text(json.dumps({"id": "p", "sample": 0, "prompt": "q", "response": TRACE, "finish_reason": "stop",
+                                   "messages": "[{\"role\": \"user\"}]", "record": {"id": "p", "answer": "4"}}) + "\n")
+    built = _klear("sft-data", "--samples", str(samples), "--output", str(tmp_path / "sft"), "--config", "tiny")
+    assert built.returncode == 2 and "field 'messages' is not a JSON list" in built.stderr, built.stderr[-3000:]
+    assert not (tmp_path / "sft").exists()
