@@ -3,27 +3,16 @@ no cell break. The one escaping rule, then the reports of real commands fed a ho
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-
 from klear.common.markdown import escape, escaped, markdown_report
+
+from tests.commands import jsonl, klear
 
 HOSTILE = "<img src=x onerror=alert(1)>|x"
 ANSWER = "<think>\nTwo and two.\n</think>\n\n$\\boxed{4}$"
-
-
-def _klear(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "klear.cli", *args], capture_output=True, text=True, timeout=300)
-
-
-def _jsonl(path: Path, rows: list[dict[str, object]]) -> str:
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    return str(path)
 
 
 def _check_safe(markdown: str) -> None:
@@ -68,10 +57,10 @@ def test_a_declared_renderer_sees_only_escaped_strings() -> None:
 
 
 def test_judge_report_escapes_sample_ids(tmp_path: Path) -> None:
-    samples = _jsonl(tmp_path / "s.jsonl", [{"id": pid, "sample": 0, "response": ANSWER, "finish_reason": "stop"}
+    samples = jsonl(tmp_path / "s.jsonl", [{"id": pid, "sample": 0, "response": ANSWER, "finish_reason": "stop"}
                                             for pid in ("p0", HOSTILE)])
-    problems = _jsonl(tmp_path / "p.jsonl", [{"id": "p0", "answer": "4"}])
-    done = _klear("judge", "--samples", samples, "--problems", problems, "--output", str(tmp_path / "out"),
+    problems = jsonl(tmp_path / "p.jsonl", [{"id": "p0", "answer": "4"}])
+    done = klear("judge", "--samples", samples, "--problems", problems, "--output", str(tmp_path / "out"),
                   "--config", "tiny")
     assert done.returncode == 0, done.stderr[-2000:]
     markdown = (tmp_path / "out" / "report.md").read_text()
@@ -80,9 +69,9 @@ def test_judge_report_escapes_sample_ids(tmp_path: Path) -> None:
 
 
 def test_curate_report_escapes_source_names(tmp_path: Path) -> None:
-    source = _jsonl(tmp_path / f"{HOSTILE}.jsonl", [{"prompt": f"Compute {i} times {i} plus one, step by step."}
+    source = jsonl(tmp_path / f"{HOSTILE}.jsonl", [{"prompt": f"Compute {i} times {i} plus one, step by step."}
                                                     for i in range(3)])
-    done = _klear("curate", "--input", source, "--output", str(tmp_path / "out"), "--config", "tiny")
+    done = klear("curate", "--input", source, "--output", str(tmp_path / "out"), "--config", "tiny")
     assert done.returncode == 0, done.stderr[-2000:]
     markdown = (tmp_path / "out" / "report.md").read_text()
     assert "&lt;img" in markdown
@@ -90,10 +79,10 @@ def test_curate_report_escapes_source_names(tmp_path: Path) -> None:
 
 
 def test_sft_data_report_escapes_sources(tmp_path: Path) -> None:
-    samples = _jsonl(tmp_path / "s.jsonl", [{"id": "p0", "sample": 0, "prompt": "2+2?", "response": ANSWER,
+    samples = jsonl(tmp_path / "s.jsonl", [{"id": "p0", "sample": 0, "prompt": "2+2?", "response": ANSWER,
                                             "finish_reason": "stop", "source": HOSTILE,
                                             "record": {"id": "p0", "answer": "4"}}])
-    done = _klear("sft-data", "--samples", samples, "--output", str(tmp_path / "out"), "--config", "tiny")
+    done = klear("sft-data", "--samples", samples, "--output", str(tmp_path / "out"), "--config", "tiny")
     assert done.returncode == 0, done.stderr[-2000:]
     markdown = (tmp_path / "out" / "report.md").read_text()
     assert "&lt;img" in markdown

@@ -4,20 +4,13 @@ the same stage (its manifest names the stage). Each case runs the real `klear` c
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-
 from klear.common import storage
 
-
-def _klear(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "klear.cli", *args], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, **(env or {})})
+from tests.commands import jsonl, klear
 
 
 def _refused(done: subprocess.CompletedProcess[str], *fragments: str) -> None:
@@ -31,15 +24,9 @@ def _snapshot(uri: str) -> dict[str, bytes]:
     return {name: storage.read_bytes(loc.join(name)) for name in storage.list_files(loc)}
 
 
-def _jsonl(path: Path, rows: list[dict[str, object]]) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    return path
-
-
 @pytest.fixture()
-def benchmark(tmp_path: Path) -> Path:
-    return _jsonl(tmp_path / "bench" / "b.jsonl", [{"id": f"b{i}", "problem": f"What is {i}+1?", "answer": str(i + 1)}
+def benchmark(tmp_path: Path) -> str:
+    return jsonl(tmp_path / "bench" / "b.jsonl", [{"id": f"b{i}", "problem": f"What is {i}+1?", "answer": str(i + 1)}
                                                    for i in range(3)])
 
 
@@ -55,18 +42,18 @@ def _published_model(uri: str, tmp_path: Path, stage: str = "sft") -> str:
 
 @pytest.mark.parametrize("where", ["local", "s3"])
 def test_evaluate_never_replaces_the_model_it_evaluates(where: str, tmp_path: Path, s3_bucket: str,
-                                                        benchmark: Path) -> None:
+                                                        benchmark: str) -> None:
     model = _published_model(f"{s3_bucket}/model" if where == "s3" else str(tmp_path / "model"), tmp_path)
     before = _snapshot(model)
-    done = _klear("evaluate", "--model", model, "--output", model, "--benchmark", str(benchmark), "--config", "tiny")
+    done = klear("evaluate", "--model", model, "--output", model, "--benchmark", str(benchmark), "--config", "tiny")
     _refused(done, "--output", "is input")
     assert _snapshot(model) == before
 
 
-def test_evaluate_checks_the_sample_output_before_sampling(tmp_path: Path, benchmark: Path) -> None:
+def test_evaluate_checks_the_sample_output_before_sampling(tmp_path: Path, benchmark: str) -> None:
     model = _published_model(str(tmp_path / "model"), tmp_path)
     out = tmp_path / "evx"
-    done = _klear("evaluate", "--model", model, "--output", str(out), "--sample-output", str(out),
+    done = klear("evaluate", "--model", model, "--output", str(out), "--sample-output", str(out),
                   "--benchmark", str(benchmark), "--config", "tiny")
     _refused(done, "--output", "is --sample-output", "one would replace the other")
     assert not out.exists(), "something was written before the refusal"
@@ -75,10 +62,10 @@ def test_evaluate_checks_the_sample_output_before_sampling(tmp_path: Path, bench
 @pytest.mark.parametrize("where", ["local", "s3"])
 def test_judge_never_replaces_another_stages_output(where: str, tmp_path: Path, s3_bucket: str) -> None:
     sft = _published_model(f"{s3_bucket}/sft" if where == "s3" else str(tmp_path / "sft"), tmp_path)
-    samples = _jsonl(tmp_path / "samples.jsonl", [{"id": "p0", "sample": 0, "response": "\\boxed{1}"}])
-    problems = _jsonl(tmp_path / "problems.jsonl", [{"id": "p0", "problem": "1?", "answer": "1"}])
+    samples = jsonl(tmp_path / "samples.jsonl", [{"id": "p0", "sample": 0, "response": "\\boxed{1}"}])
+    problems = jsonl(tmp_path / "problems.jsonl", [{"id": "p0", "problem": "1?", "answer": "1"}])
     before = _snapshot(sft)
-    done = _klear("judge", "--samples", str(samples), "--problems", str(problems), "--output", sft,
+    done = klear("judge", "--samples", str(samples), "--problems", str(problems), "--output", sft,
                   "--config", "tiny")
     _refused(done, "holds a published 'sft' output and this is 'judge'")
     assert _snapshot(sft) == before
@@ -102,18 +89,18 @@ def test_sample_work_area_never_holds_the_inputs(where: str, tmp_path: Path, s3_
     data = storage.Uri.parse(root).join("data")
     storage.write_bytes(data.join("p.jsonl"), b'{"id": "p0", "prompt": "q", "response": "r"}\n')
     before = _snapshot(str(data))
-    done = _klear("sample", "--prompts", str(data.join("p.jsonl")), "--output", f"{root}/out", "--work", str(data),
+    done = klear("sample", "--prompts", str(data.join("p.jsonl")), "--output", f"{root}/out", "--work", str(data),
                   "--config", "tiny", "--set", "backend=records", "--set", "keep_work=false")
     _refused(done, "--work", "contains input")
     assert _snapshot(str(data)) == before
 
 
 def test_sample_work_area_of_foreign_files_is_refused(tmp_path: Path) -> None:
-    prompts = _jsonl(tmp_path / "in" / "p.jsonl", [{"id": "p0", "prompt": "q", "response": "r"}])
+    prompts = jsonl(tmp_path / "in" / "p.jsonl", [{"id": "p0", "prompt": "q", "response": "r"}])
     notes = tmp_path / "notes"
     notes.mkdir()
     (notes / "thesis.tex").write_text("years of work")
-    done = _klear("sample", "--prompts", str(prompts), "--output", str(tmp_path / "out"), "--work", str(notes),
+    done = klear("sample", "--prompts", str(prompts), "--output", str(tmp_path / "out"), "--work", str(notes),
                   "--config", "tiny", "--set", "backend=records", "--set", "keep_work=false")
     _refused(done, "holds 1 files that are not a sample work area's (thesis.tex)")
     assert (notes / "thesis.tex").read_text() == "years of work"
@@ -135,9 +122,9 @@ def test_a_config_file_is_an_input(tmp_path: Path) -> None:
     config = tmp_path / "cfg" / "judge.yaml"
     config.parent.mkdir()
     config.write_text("{}\n")
-    samples = _jsonl(tmp_path / "samples.jsonl", [{"id": "p0", "sample": 0, "response": "\\boxed{1}"}])
-    problems = _jsonl(tmp_path / "problems.jsonl", [{"id": "p0", "problem": "1?", "answer": "1"}])
-    done = _klear("judge", "--samples", str(samples), "--problems", str(problems), "--output", str(config.parent),
+    samples = jsonl(tmp_path / "samples.jsonl", [{"id": "p0", "sample": 0, "response": "\\boxed{1}"}])
+    problems = jsonl(tmp_path / "problems.jsonl", [{"id": "p0", "problem": "1?", "answer": "1"}])
+    done = klear("judge", "--samples", str(samples), "--problems", str(problems), "--output", str(config.parent),
                   "--config", str(config))
     _refused(done, "contains input", "judge.yaml")
     assert config.read_text() == "{}\n"

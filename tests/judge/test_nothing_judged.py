@@ -5,30 +5,21 @@ the real `klear judge` and `klear sft-data` commands."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
+
+from tests.commands import jsonl, klear
 
 ANSWER = "<think>\nTwo and two.\n</think>\n\n$\\boxed{4}$"
 
 
-def _klear(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "klear.cli", *args], capture_output=True, text=True, timeout=300)
-
-
-def _jsonl(path: Path, rows: list[dict[str, object]]) -> str:
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    return str(path)
-
-
 def _samples(tmp_path: Path, ids: list[str]) -> str:
-    return _jsonl(tmp_path / "samples.jsonl", [{"id": pid, "sample": k, "response": ANSWER, "finish_reason": "stop"}
+    return jsonl(tmp_path / "samples.jsonl", [{"id": pid, "sample": k, "response": ANSWER, "finish_reason": "stop"}
                                                 for pid in ids for k in range(2)])
 
 
 def test_a_wrong_id_field_is_refused_naming_line_and_field(tmp_path: Path) -> None:
-    problems = _jsonl(tmp_path / "probs.jsonl", [{"id": f"p{i}", "answer": "4"} for i in range(3)])
-    done = _klear("judge", "--samples", _samples(tmp_path, ["p0", "p1", "p2"]), "--problems",
+    problems = jsonl(tmp_path / "probs.jsonl", [{"id": f"p{i}", "answer": "4"} for i in range(3)])
+    done = klear("judge", "--samples", _samples(tmp_path, ["p0", "p1", "p2"]), "--problems",
                   f"{problems}#id=wrong_field", "--output", str(tmp_path / "out"), "--config", "tiny")
     assert done.returncode == 2, done.stderr[-2000:]
     assert "probs.jsonl:1: field 'wrong_field' is missing or empty" in done.stderr, done.stderr[-2000:]
@@ -36,15 +27,15 @@ def test_a_wrong_id_field_is_refused_naming_line_and_field(tmp_path: Path) -> No
 
 
 def test_a_problems_file_without_ids_is_refused(tmp_path: Path) -> None:
-    problems = _jsonl(tmp_path / "probs.jsonl", [{"problem": "2+2?", "answer": "4"}])
-    done = _klear("judge", "--samples", _samples(tmp_path, ["probs:1"]), "--problems", problems,
+    problems = jsonl(tmp_path / "probs.jsonl", [{"problem": "2+2?", "answer": "4"}])
+    done = klear("judge", "--samples", _samples(tmp_path, ["probs:1"]), "--problems", problems,
                   "--output", str(tmp_path / "out"), "--config", "tiny")
     assert done.returncode == 2 and "probs.jsonl:1: field 'id' is missing or empty" in done.stderr, done.stderr
 
 
 def test_samples_matching_no_problem_are_refused(tmp_path: Path) -> None:
-    problems = _jsonl(tmp_path / "probs.jsonl", [{"id": f"q{i}", "answer": "4"} for i in range(3)])
-    done = _klear("judge", "--samples", _samples(tmp_path, ["p0", "p1", "p2"]), "--problems", problems,
+    problems = jsonl(tmp_path / "probs.jsonl", [{"id": f"q{i}", "answer": "4"} for i in range(3)])
+    done = klear("judge", "--samples", _samples(tmp_path, ["p0", "p1", "p2"]), "--problems", problems,
                   "--output", str(tmp_path / "out"), "--config", "tiny")
     assert done.returncode == 2, done.stderr[-2000:]
     assert "none of the 6 samples" in done.stderr and "matches a problem" in done.stderr, done.stderr[-2000:]
@@ -52,8 +43,8 @@ def test_samples_matching_no_problem_are_refused(tmp_path: Path) -> None:
 
 
 def test_unmatched_samples_beside_matched_ones_are_reported_prominently(tmp_path: Path) -> None:
-    problems = _jsonl(tmp_path / "probs.jsonl", [{"id": "p0", "answer": "4"}])
-    done = _klear("judge", "--samples", _samples(tmp_path, ["p0", "stray"]), "--problems", problems,
+    problems = jsonl(tmp_path / "probs.jsonl", [{"id": "p0", "answer": "4"}])
+    done = klear("judge", "--samples", _samples(tmp_path, ["p0", "stray"]), "--problems", problems,
                   "--output", str(tmp_path / "out"), "--config", "tiny")
     assert done.returncode == 0, done.stderr[-2000:]
     assert "2 of 4 samples match no problem" in done.stderr
@@ -64,11 +55,11 @@ def test_unmatched_samples_beside_matched_ones_are_reported_prominently(tmp_path
 
 
 def test_sft_data_refuses_a_reference_that_matches_no_prompt(tmp_path: Path) -> None:
-    teacher = _jsonl(tmp_path / "teacher.jsonl", [{"id": "p0", "sample": 0, "prompt": "2+2?", "response": ANSWER,
+    teacher = jsonl(tmp_path / "teacher.jsonl", [{"id": "p0", "sample": 0, "prompt": "2+2?", "response": ANSWER,
                                                    "finish_reason": "stop", "record": {"id": "p0", "answer": "4"}}])
-    reference = _jsonl(tmp_path / "reference.jsonl", [{"id": "other", "sample": 0, "response": ANSWER,
+    reference = jsonl(tmp_path / "reference.jsonl", [{"id": "other", "sample": 0, "response": ANSWER,
                                                        "finish_reason": "stop", "record": {"id": "other", "answer": "4"}}])
-    done = _klear("sft-data", "--samples", teacher, "--reference", reference, "--output", str(tmp_path / "out"),
+    done = klear("sft-data", "--samples", teacher, "--reference", reference, "--output", str(tmp_path / "out"),
                   "--config", "tiny")
     assert done.returncode == 2, done.stderr[-2000:]
     assert "none of the 1 teacher prompts" in done.stderr and "wrong --reference" in done.stderr, done.stderr[-2000:]

@@ -5,18 +5,14 @@ response, never the last user turn alone: `klear sample` records the conversatio
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
 
+from tests.commands import klear
+
 SYSTEM = "You are a careful mathematician."
 TRACE = "<think>\nAdd the numbers.\n</think>\n\nThe answer is $\\boxed{4}$."
-
-
-def _klear(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "klear.cli", *args], capture_output=True, text=True, timeout=300)
 
 
 def _rows(folder: Path, sub: str) -> list[dict[str, object]]:
@@ -30,14 +26,14 @@ def test_records_hold_the_whole_conversation_the_teacher_answered(tmp_path: Path
     prompts.write_text(
         json.dumps({"id": "multi", "messages": [*earlier, {"role": "assistant", "content": TRACE}], "answer": "4"})
         + "\n" + json.dumps({"id": "single", "prompt": "What is 2+2?", "response": TRACE, "answer": "4"}) + "\n")
-    sampled = _klear("sample", "--prompts", str(prompts), "--output", str(tmp_path / "teacher"), "--config", "tiny",
+    sampled = klear("sample", "--prompts", str(prompts), "--output", str(tmp_path / "teacher"), "--config", "tiny",
                      "--set", "backend=records", "--set", f"system_prompt={SYSTEM}")
     assert sampled.returncode == 0, sampled.stderr[-3000:]
     sent = {row["id"]: json.loads(str(row["messages"])) for row in _rows(tmp_path / "teacher", "samples")}
     system = {"role": "system", "content": SYSTEM}
     assert sent == {"multi": [system, *earlier], "single": [system, {"role": "user", "content": "What is 2+2?"}]}
 
-    built = _klear("sft-data", "--samples", str(tmp_path / "teacher"), "--output", str(tmp_path / "sft"),
+    built = klear("sft-data", "--samples", str(tmp_path / "teacher"), "--output", str(tmp_path / "sft"),
                    "--config", "tiny")
     assert built.returncode == 0, built.stderr[-3000:]
     records = {row["id"]: row["messages"] for row in _rows(tmp_path / "sft", "records")}
@@ -50,7 +46,7 @@ def test_rows_without_a_conversation_keep_the_prompt_as_one_user_turn(tmp_path: 
     samples = tmp_path / "samples.jsonl"
     samples.write_text(json.dumps({"id": "p", "sample": 0, "prompt": "What is 2+2?", "response": TRACE,
                                    "finish_reason": "stop", "record": {"id": "p", "answer": "4"}}) + "\n")
-    built = _klear("sft-data", "--samples", str(samples), "--output", str(tmp_path / "sft"), "--config", "tiny")
+    built = klear("sft-data", "--samples", str(samples), "--output", str(tmp_path / "sft"), "--config", "tiny")
     assert built.returncode == 0, built.stderr[-3000:]
     assert [row["messages"] for row in _rows(tmp_path / "sft", "records")] == [
         [{"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": TRACE}]]
@@ -60,6 +56,6 @@ def test_a_conversation_that_is_not_a_list_of_turns_is_refused(tmp_path: Path) -
     samples = tmp_path / "samples.jsonl"
     samples.write_text(json.dumps({"id": "p", "sample": 0, "prompt": "q", "response": TRACE, "finish_reason": "stop",
                                    "messages": "[{\"role\": \"user\"}]", "record": {"id": "p", "answer": "4"}}) + "\n")
-    built = _klear("sft-data", "--samples", str(samples), "--output", str(tmp_path / "sft"), "--config", "tiny")
+    built = klear("sft-data", "--samples", str(samples), "--output", str(tmp_path / "sft"), "--config", "tiny")
     assert built.returncode == 2 and "field 'messages' is not a JSON list" in built.stderr, built.stderr[-3000:]
     assert not (tmp_path / "sft").exists()
