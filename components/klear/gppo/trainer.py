@@ -135,6 +135,8 @@ def grpo_arguments(cfg: GppoConfig, output_dir: Path, world_size: int, use_cpu: 
         vllm_server_host=cfg.vllm_server_host,
         vllm_server_port=cfg.vllm_server_port,
         vllm_gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
+        vllm_tensor_parallel_size=cfg.vllm_tensor_parallel_size,
+        vllm_enable_sleep_mode=cfg.vllm_enable_sleep_mode,
         vllm_max_model_length=cfg.max_prompt_length + cfg.max_completion_length,
         vllm_importance_sampling_correction=cfg.vllm_is_correction,
         vllm_importance_sampling_mode="token_truncate",  # per-token weights: batching.py re-pads them per token
@@ -155,6 +157,15 @@ def grpo_arguments(cfg: GppoConfig, output_dir: Path, world_size: int, use_cpu: 
     )
 
 
+def sync_probe(tokenizer: Any) -> tuple[list[int], list[int]]:
+    """A fixed prompt and completion for the weight-sync check: chat-formatted, with a reasoning block."""
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "What is 12 + 30?"}],
+                                           add_generation_prompt=True, tokenize=False)
+    completion = "<think>\nAdd the tens, then the ones.\n</think>\n\nThe answer is 42."
+    return (tokenizer(prompt, add_special_tokens=False)["input_ids"],
+            tokenizer(completion, add_special_tokens=False)["input_ids"])
+
+
 class GppoTrainer(GRPOTrainer):
     def __init__(self, *args: Any, gppo: GppoConfig, reward: VerifierReward, **kwargs: Any) -> None:
         self.gppo = gppo
@@ -166,6 +177,31 @@ class GppoTrainer(GRPOTrainer):
         self.reward_timeouts = 0
         self._rollout_seconds = 0.0  # cumulative wall time of generation rounds (rewards included)
         self._update_seconds = 0.0  # of the current optimizer step's forward/backward passes
+        if self.use_vllm and self.vllm_mode == "colocate":
+            # TRL's per-tensor load_weights fails on vLLM's CPU build; the in-place reload works on both.
+            self.vllm_generation.sync_weights = self._sync_vllm_weights
+            self.sync_gaps: list[float] = []
+
+    def _sync_vllm_weights(self) -> None:
+        from klear.gppo.vllm_sync import WeightSyncError, logprob_gap, push_weights
+
+        generation = self.vllm_generation
+        if generation.enable_sleep_mode:  # GPU only: sleep level 2 released the weights; map them again first
+            torch.cuda.empty_cache()
+            generation.llm.wake_up(tags=["weights"])
+            generation._llm_weights_sleeping = False
+        push_weights(generation.llm, generation._iter_named_params())  # gathers each parameter under ZeRO-3
+        tolerance = self.gppo.vllm_sync_tolerance
+        if tolerance <= 0:
+            return
+        prompt, completion = sync_probe(self.processing_class)
+        gap = logprob_gap(self.vllm_generation.llm, self.model, prompt, completion)
+        self.sync_gaps.append(gap)
+        log.info("step %d: vLLM vs policy log-prob gap after the weight sync %.2e", self.state.global_step, gap)
+        if gap > tolerance:
+            raise WeightSyncError(f"step {self.state.global_step}: after the weight sync vLLM's log-probabilities "
+                                  f"differ from the policy's by {gap:.3g} > vllm_sync_tolerance {tolerance:g}: "
+                                  "vLLM is not sampling from the policy being trained")
 
     def training_step(self, model: Any, inputs: dict[str, Any], num_items_in_batch: Any) -> torch.Tensor:
         """Adds `time/update_s` per optimizer step: the step's wall time without its generation round."""

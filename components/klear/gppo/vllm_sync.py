@@ -1,0 +1,45 @@
+"""The policy's weights into the colocated vLLM engine, and the check that they arrived.
+
+TRL 1.16 pushes weights with `model.load_weights([(name, tensor)])` one tensor at a time. On vLLM's CPU build that
+fails (`'Parameter' object has no attribute 'weight_loader'`: linear weights are repacked for oneDNN after loading
+and `layer.weight` is gone). vLLM's own in-place reload (`model_runner.reload_weights(weights_iterator=...)`)
+restores the checkpoint layout, loads, and repacks again, on CPU and GPU alike; a tied output layer keeps its tie
+and is repacked from the new embeddings (tests/gpu_paths/test_gppo_vllm.py checks both kinds of model).
+
+A sync that leaves vLLM on old weights trains on rollouts of another policy without any error: `logprob_gap`
+compares vLLM's log-probabilities of a fixed completion with the policy's, and the trainer runs it after every
+sync when `vllm_sync_tolerance` > 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+
+class WeightSyncError(RuntimeError):
+    """vLLM does not hold the policy's weights after a sync."""
+
+
+def push_weights(llm: Any, named_params: Iterable[tuple[str, Any]]) -> None:
+    """The policy's parameters (checkpoint names, full tensors) into a colocated vLLM engine, in place."""
+    runner = llm.llm_engine.model_executor.driver_worker.model_runner
+    runner.reload_weights(weights_iterator=named_params)
+    llm.reset_prefix_cache()
+
+
+def logprob_gap(llm: Any, policy: Any, prompt_ids: Sequence[int], completion_ids: Sequence[int]) -> float:
+    """The largest |log p_vLLM - log p_policy| over the completion's tokens, given the prompt (temperature 1)."""
+    import torch
+    from vllm import SamplingParams
+
+    ids = [*prompt_ids, *completion_ids]
+    params = SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0)
+    output = llm.generate([{"prompt_token_ids": ids}], params, use_tqdm=False)[0]
+    served = [output.prompt_logprobs[p][ids[p]].logprob for p in range(len(prompt_ids), len(ids))]
+    device = next(policy.parameters()).device
+    with torch.no_grad():
+        logits = policy(input_ids=torch.tensor([ids], device=device)).logits[0, :-1].float()
+    own = torch.log_softmax(logits, dim=-1)[len(prompt_ids) - 1:].gather(
+        -1, torch.tensor(ids[len(prompt_ids):], device=device).unsqueeze(-1)).squeeze(-1)
+    return float((own.cpu() - torch.tensor(served)).abs().max())
