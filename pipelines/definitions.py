@@ -24,7 +24,7 @@ import os
 
 from kfp import dsl
 
-from klear.common.component import digest_inputs
+from klear.common.component import digest_inputs, slice_list
 from klear.common.images import GPU_IMAGE
 from klear.common.kfp_io import API_ENV, IMAGE_ENV, POD_NAME_ENV, POD_UID_ENV, RUN_ID_ENV, RUNTIME_ENV
 from klear.curate.component import curate
@@ -32,7 +32,7 @@ from klear.evaluate.component import evaluate, evaluation_prompts
 from klear.gppo.component import gppo
 from klear.judge.component import judge
 from klear.rl_filter.component import rl_filter
-from klear.sample.component import sample
+from klear.sample.component import sample, sample_slice
 from klear.sft.component import sft
 from klear.sft_data.component import sft_data
 from klear.training.component import launcher_resources
@@ -136,17 +136,33 @@ def _curate(sources, source_files, benchmark_uris, preset, overrides, run_root, 
 
 
 def _sample(what: str, prompts, preset, overrides, run_root, gpus, cpu, memory, scheduling, model=None,
-            model_uri="", endpoint="", served_model="", key_secret=ENDPOINT_SECRET) -> dsl.PipelineTask:
-    """One use of the sampling engine: a model (artifact or URI; vLLM on the pod's GPUs) or an endpoint."""
+            model_uri="", endpoint="", served_model="", key_secret=ENDPOINT_SECRET, slices=1) -> dsl.PipelineTask:
+    """One use of the sampling engine: a model (artifact or URI; vLLM on the pod's GPUs) or an endpoint, fanned
+    out over `slices` pods (a run-time parameter): a ParallelFor of slice tasks, each retried on its own and all
+    writing into the use's one work area (<run_root>/<run id>/sample-<what>.work, from the run id each pod
+    has), then one merge task that publishes, once every unit is in a shard or failed. Returns the merge."""
     from kfp import kubernetes
 
     arguments = dict(prompts=prompts, endpoint=endpoint, served_model=served_model, api_key_env="", name=what,
-                     preset=preset, overrides=overrides, run_root=run_root, model_uri=model_uri)
-    task = sample(**arguments, model=model) if model is not None else sample(**arguments)
-    task.set_display_name(f"sample: {what}")
+                     preset=preset, overrides=overrides, run_root=run_root, model_uri=model_uri,
+                     **({"model": model} if model is not None else {}))
+    parts = slice_list(count=slices).set_display_name(f"slices of sample: {what}").set_caching_options(False)
+    parts.set_cpu_request("100m").set_memory_request("128Mi")
+    # KFP 2.17 takes the loop's parallelism at compile time only: the number of slices bounds the pods at once.
+    with dsl.ParallelFor(parts.output) as part:
+        # The resources as inputs too: KFP 2.17 carries into a loop only the parameters its tasks take as inputs.
+        piece = sample_slice(**arguments, part=part, gpus=gpus, cpu=cpu, memory=memory)
+        piece.set_display_name(f"sample slice: {what}")
+        kubernetes.use_secret_as_env(piece, secret_name=key_secret, secret_key_to_env={"api-key": "OPENAI_API_KEY"},
+                                     optional=True)
+        _on_gpu_node(piece, gpus, cpu, memory, scheduling)
+    task = sample(**arguments, merge=True, slices=dsl.Collected(piece.output))
+    task.set_display_name(f"sample: {what} (merge of the slices)")
+    # The same flags as the slices, the key included (the merge calls no server: it checks the settings).
     kubernetes.use_secret_as_env(task, secret_name=key_secret, secret_key_to_env={"api-key": "OPENAI_API_KEY"},
                                  optional=True)
-    return _on_gpu_node(task, gpus, cpu, memory, scheduling)
+    task.set_retry(num_retries=3, backoff_duration="60s", backoff_factor=2).set_caching_options(False)
+    return _on_cluster(task, "4", "32Gi")
 
 
 def _sft(base_model, data, preset, run_root, gpus, nodes, cpu, memory, scheduling, overrides=[]) -> dsl.PipelineTask:
@@ -240,6 +256,11 @@ def klear_pipeline(
     sample_gpus: str = GPUS,
     sample_cpu: str = SAMPLE_CPU,
     sample_memory: str = NODE_MEMORY,
+    teacher_slices: int = 1,
+    reference_slices: int = 1,
+    filter_math_slices: int = 1,
+    filter_code_slices: int = 1,
+    eval_slices: int = 1,
     sft_nodes: int = 1,
     sft_gpus_per_node: str = GPUS,
     sft_cpu: str = SFT_CPU,
@@ -301,6 +322,12 @@ def klear_pipeline(
         sample_gpus: GPUs of each sampling pod ("0" for an endpoint or imported traces).
         sample_cpu: CPU of each sampling pod.
         sample_memory: Memory of each sampling pod.
+        teacher_slices: Pods the teacher sampling is spread over (slices of the prompts by a hash of their id, each
+            its own retried task, then one merge); a rerun with another number reuses every unit already sampled.
+        reference_slices: Pods the reference model's sampling is spread over.
+        filter_math_slices: Pods the filter model's sampling of the math problems is spread over.
+        filter_code_slices: Pods the filter model's sampling of the code problems is spread over.
+        eval_slices: Pods each evaluation sampling (per model and benchmark kind) is spread over.
         sft_nodes: Training nodes of SFT (more than 1: a Kubeflow Trainer job).
         sft_gpus_per_node: GPUs per SFT node.
         sft_cpu: CPU per SFT node.
@@ -320,9 +347,9 @@ def klear_pipeline(
     # SFT data: teacher traces, labelled by the reference model's pass rate (paper §5.1).
     teacher = _sample("teacher", curated, sample_preset, teacher_overrides, run_root, *sampling,
                       model_uri=teacher_model_uri, endpoint=teacher_endpoint, served_model=teacher_served_model,
-                      key_secret=teacher_key_secret)
+                      key_secret=teacher_key_secret, slices=teacher_slices)
     reference = _sample("reference", curated, sample_preset, reference_overrides, run_root, *sampling,
-                        model_uri=reference_model_uri)
+                        model_uri=reference_model_uri, slices=reference_slices)
     records = sft_data(teacher_samples=teacher.outputs["samples"], reference_samples=reference.outputs["samples"],
                        target_model=base.output, preset=sft_data_preset, overrides=sft_data_overrides,
                        run_root=run_root, input_digest=_digest("sft-data inputs", base_model_uri))
@@ -332,13 +359,13 @@ def klear_pipeline(
 
     # RL data: problems the filter model solves reliably (label noise out), then math RL, then code RL.
     rl_data = {}
-    for rl_task, uri, sampling_overrides, filtering_overrides in (
-            ("math", rl_math_uri, filter_math_overrides, rl_filter_math_overrides),
-            ("code", rl_code_uri, filter_code_overrides, rl_filter_code_overrides)):
+    for rl_task, uri, sampling_overrides, filtering_overrides, filter_slices in (
+            ("math", rl_math_uri, filter_math_overrides, rl_filter_math_overrides, filter_math_slices),
+            ("code", rl_code_uri, filter_code_overrides, rl_filter_code_overrides, filter_code_slices)):
         problems = _import(uri, dsl.Dataset, f"{rl_task} RL problems")
         filtered = _sample(f"filter-{rl_task}", problems.output, sample_preset, sampling_overrides, run_root,
                            *sampling, model_uri=filter_model_uri, endpoint=filter_endpoint,
-                           served_model=filter_served_model, key_secret=filter_key_secret)
+                           served_model=filter_served_model, key_secret=filter_key_secret, slices=filter_slices)
         rl_data[rl_task] = _rl_filter(rl_task, problems.output, filtered.outputs["samples"], benchmark_uris,
                                       rl_filter_preset, filtering_overrides, run_root,
                                       _digest(f"rl-filter {rl_task} inputs", uri, uris=benchmark_uris)
@@ -357,7 +384,8 @@ def klear_pipeline(
 
     def eval_samples(kind: str) -> dict[str, dsl.PipelineTask]:
         return {label: _sample(f"eval-{label}-{kind}", prompts.outputs[f"{kind}_prompts"], sample_preset,
-                               prompts.outputs[f"{kind}_sample_overrides"], run_root, *sampling, model=model)
+                               prompts.outputs[f"{kind}_sample_overrides"], run_root, *sampling, model=model,
+                               slices=eval_slices)
                 for label, model in models.items()}
 
     math_samples = eval_samples("math")
@@ -394,7 +422,7 @@ def sample_pipeline(prompts_uri: str, run_root: str, name: str = "teacher", mode
                     served_model: str = "", key_secret: str = ENDPOINT_SECRET, preset: str = "paper",
                     overrides: list = [], gpus: str = GPUS,
                     cpu: str = SAMPLE_CPU, memory: str = NODE_MEMORY, gpu_node_selector: dict = {},
-                    gpu_tolerations: list = []) -> dsl.Dataset:
+                    gpu_tolerations: list = [], slices: int = 1) -> dsl.Dataset:
     """n responses per prompt from a model folder (vLLM on the pod's GPUs) or an OpenAI-compatible endpoint.
 
     Args:
@@ -412,11 +440,12 @@ def sample_pipeline(prompts_uri: str, run_root: str, name: str = "teacher", mode
         memory: Memory of the sampling pod.
         gpu_node_selector: Node labels the GPU pod must match.
         gpu_tolerations: Tolerations of the GPU pod.
+        slices: Pods the sampling is spread over (slices of the prompts by a hash of their id, then one merge).
     """
     prompts = _import(prompts_uri, dsl.Dataset, "prompts")
     return _sample(name, prompts.output, preset, overrides, run_root, gpus, cpu, memory,
                    (gpu_node_selector, gpu_tolerations), model_uri=model_uri, endpoint=endpoint,
-                   served_model=served_model, key_secret=key_secret).outputs["samples"]
+                   served_model=served_model, key_secret=key_secret, slices=slices).outputs["samples"]
 
 
 @dsl.pipeline(name="klear-judge", description="Rerun judging alone on existing samples")
@@ -563,7 +592,7 @@ def gppo_code_pipeline(model_uri: str, data_uri: str, run_root: str, preset: str
 def evaluate_pipeline(model_uri: str, run_root: str, benchmark_uris: list = [], preset: str = "paper",
                       overrides: list = [], sample_preset: str = "paper", sample_overrides: list = [],
                       gpus: str = GPUS, cpu: str = SAMPLE_CPU, memory: str = NODE_MEMORY,
-                      gpu_node_selector: dict = {}, gpu_tolerations: list = []) -> dsl.Markdown:
+                      gpu_node_selector: dict = {}, gpu_tolerations: list = [], slices: int = 1) -> dsl.Markdown:
     """AIME/HMMT pass@1 (avg@k) of one model under the paper's protocol.
 
     Args:
@@ -580,6 +609,7 @@ def evaluate_pipeline(model_uri: str, run_root: str, benchmark_uris: list = [], 
         memory: Memory of the sampling pod.
         gpu_node_selector: Node labels the GPU pod must match.
         gpu_tolerations: Tolerations of the GPU pod.
+        slices: Pods the benchmark sampling is spread over (then one merge).
     """
     model = _import(model_uri, dsl.Model, "model")
     digest = _digest("benchmarks", uris=benchmark_uris)
@@ -588,7 +618,7 @@ def evaluate_pipeline(model_uri: str, run_root: str, benchmark_uris: list = [], 
     _deterministic(prompts.set_display_name("evaluate: benchmark prompts"), "2", "8Gi")
     math = _sample("eval-math", prompts.outputs["math_prompts"], sample_preset,
                    prompts.outputs["math_sample_overrides"], run_root, gpus, cpu, memory,
-                   (gpu_node_selector, gpu_tolerations), model=model.output)
+                   (gpu_node_selector, gpu_tolerations), model=model.output, slices=slices)
     task = evaluate(samples=math.outputs["samples"], benchmark_uris=benchmark_uris, preset=preset, overrides=overrides,
                     run_root=run_root, label="model", input_digest=digest)
     return _runs_untrusted_code(_deterministic(task.set_display_name("evaluate"))).outputs["summary"]

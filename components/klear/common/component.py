@@ -25,3 +25,15 @@ def digest_inputs(uri: str = "", second_uri: str = "", third_uri: str = "", uris
     from klear.common import kfp_io
 
     return kfp_io.inputs_digest([uri, second_uri, third_uri, *uris])
+
+
+@dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
+def slice_list(count: int) -> list:
+    """The slices of a sampling use, ["0/N", ..., "N-1/N"]: what its ParallelFor iterates over (N >= 1).
+
+    Args:
+        count: N, the number of slices (pods) to sample in.
+    """
+    if count < 1:
+        raise ValueError(f"slices must be >= 1, got {count}")
+    return [f"{index}/{count}" for index in range(count)]

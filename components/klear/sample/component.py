@@ -23,6 +23,8 @@ def sample(
     metrics: Output[Metrics],
     model: Optional[Input[Model]] = None,
     model_uri: str = "",
+    merge: bool = False,
+    slices: list = [],
 ):
     """n responses per prompt from a model (vLLM on the pod's GPUs, transformers on CPU) or an OpenAI-compatible
     endpoint, kept per (prompt, sample) so a retried pod samples only what is missing.
@@ -46,6 +48,9 @@ def sample(
         model: The model to sample (a published model folder); leave unset when sampling an endpoint.
         model_uri: The model to sample as a URI (s3://..., a path) when it is not an artifact of this run (the
             teacher, the reference or filter model of the full recipe); `model` wins when both are given.
+        merge: Sample nothing: publish what the `sample_slice` tasks of this use sampled into the shared work area,
+            once every unit is in a shard or recorded as failed (refused, naming the missing units, otherwise).
+        slices: The slice tasks' results (dsl.Collected): what the merge waits for; recorded in the log only.
     """
     from klear.common import kfp_io
     from klear.common.config import load_config
@@ -58,7 +63,68 @@ def sample(
     target = kfp_io.output_location(run_root, f"sample-{name}" if name else "sample")
     report = run([kfp_io.input_location(prompts)], target, config,
                  model=(kfp_io.input_location(model) if model is not None else model_uri or None) if not endpoint else None,
-                 endpoint=endpoint or None, served_model=served_model or None)
+                 endpoint=endpoint or None, served_model=served_model or None, merge=merge)
     kfp_io.record_output(samples, target, {"rows": report["units"]["rows"], "failed": report["units"]["failed"],
                                            "settings_hash": report["settings_hash"]})
     kfp_io.publish_report(summary, render_markdown(report), metrics, metric_items(report))
+
+
+@dsl.component(base_image=GPU_IMAGE, install_kfp_package=False)
+def sample_slice(
+    prompts: Input[Dataset],
+    endpoint: str,
+    served_model: str,
+    api_key_env: str,
+    name: str,
+    preset: str,
+    overrides: list,
+    run_root: str,
+    part: str,
+    model: Optional[Input[Model]] = None,
+    model_uri: str = "",
+    gpus: str = "",
+    cpu: str = "",
+    memory: str = "",
+) -> str:
+    """One slice of a sampling use: the prompts whose id hashes into slice I of N, sampled into the work area
+    that every slice and the merge of this use share (<run_root>/<run id>/sample-<name>.work); publishes nothing.
+    A second pod on the same slice is refused; a retried pod resumes from the shards.
+
+    Args:
+        prompts: Prompt records, as for `sample`.
+        endpoint: OpenAI-compatible API root; empty to sample `model` instead.
+        served_model: The model name the endpoint serves.
+        api_key_env: Name of the environment variable holding the endpoint's API key; empty: OPENAI_API_KEY.
+        name: What this sampling is for: names the output folder and so the shared work area.
+        preset: Config preset or a YAML path.
+        overrides: Config overrides, "key=value" strings.
+        run_root: Object-storage root of run outputs (s3://bucket/runs).
+        part: The slice, "I/N" (0 <= I < N).
+        model: The model to sample (a published model folder); unset when sampling an endpoint.
+        model_uri: The model to sample as a URI when it is not an artifact of this run.
+        gpus: The pod's GPUs as the run asked (logged). The pod's size is set from the same run-time parameters;
+            as task inputs they are carried into the ParallelFor, which KFP 2.17 does not do for resources alone.
+        cpu: The pod's CPU as the run asked (logged).
+        memory: The pod's memory as the run asked (logged).
+
+    Returns:
+        The slice's unit counts as JSON (total, done_before, sampled, failed).
+    """
+    import json
+    import logging
+
+    from klear.common import kfp_io
+    from klear.common.config import load_config
+    from klear.sample.config import SampleConfig
+    from klear.sample.stage import run
+
+    extra = [f"api_key_env={api_key_env}"] if api_key_env else []
+    config = load_config(SampleConfig, preset, [*overrides, *extra])
+    target = kfp_io.output_location(run_root, f"sample-{name}" if name else "sample")
+    logging.getLogger("klear.sample").info("slice %s of %s on a pod of %s GPUs, %s CPU, %s memory", part, target,
+                                           gpus or "?", cpu or "?", memory or "?")
+    sampled = (kfp_io.input_location(model) if model is not None else model_uri or None) if not endpoint else None
+    report = run([kfp_io.input_location(prompts)], target, config, model=sampled, endpoint=endpoint or None,
+                 served_model=served_model or None, slice_spec=part)
+    return json.dumps({"slice": part, **report["units"]})
+

@@ -1,7 +1,7 @@
 """Entry point of the sample stage: n responses per prompt, from a model or an endpoint, exactly once.
 
     klear sample --prompts URI [URI ...] --output URI [--model URI | --endpoint URL --served-model NAME]
-                 [--work URI] [--config paper|tiny|FILE] [--set key=value ...]
+                 [--work URI] [--slice I/N | --merge] [--config paper|tiny|FILE] [--set key=value ...]
 
 Prompts: curate's output (its prompts/), or JSONL/Parquet/datasets sources (URI#prompt=FIELD&id=FIELD); every
 prompt needs a unique id. Backends: an OpenAI-compatible endpoint (--endpoint; key from $OPENAI_API_KEY or
@@ -18,6 +18,12 @@ max_failed_fraction) the stage publishes, manifest last:
                              attempts, prompt_hash (rows in completion order: group by id)
     failed/part-*.parquet    units that failed every attempt: id, sample, error_kind, error, attempts
     report.json, report.md   settings, backend, versions, counts, failures by kind, tokens, speed
+
+Over many pods: `--slice I/N` samples only the prompts whose id hashes into slice I of N (units.slice_of) into
+the work area every slice of the run shares, records the slice's failed units in <work>/slices/I-of-N/ and
+publishes nothing (one pod per slice: its lease is that folder). `--merge`, with the same flags, samples
+nothing: it publishes once every unit is in a shard or recorded as failed by a slice, and refuses, naming the
+missing units, before that.
 """
 
 from __future__ import annotations
@@ -50,8 +56,8 @@ from klear.sample.config import SampleConfig
 from klear.sample.progress import Progress, ProgressLogger
 from klear.sample.report import render_markdown
 from klear.sample.store import FAILED_SCHEMA, SCHEMA, ResumeMismatchError, WorkArea, failed_row
-from klear.sample.units import (Prompt, canonical_hash, check_unique, pending_units, prompt_from_row,
-                                shipped_responses, unit_seed, wanted_keys)
+from klear.sample.units import (Prompt, canonical_hash, check_unique, parse_slice, pending_units, prompt_from_row,
+                                shipped_responses, slice_of, unit_seed, wanted_keys)
 
 log = logging.getLogger("klear.sample")
 STAGE = DataStage("sample", SampleConfig, render_markdown)
@@ -342,10 +348,17 @@ def open_work_area(out: storage.Uri, area: WorkArea, settings: dict[str, Any], d
 
 
 def run(prompts: Sequence[str], output: str, config: SampleConfig, model: str | None = None,
-        endpoint: str | None = None, served_model: str | None = None, work: str | None = None) -> dict[str, Any]:
+        endpoint: str | None = None, served_model: str | None = None, work: str | None = None,
+        slice_spec: str | None = None, merge: bool = False) -> dict[str, Any]:
     """Sample every missing unit and publish `output`; returns the report. Raises SampleFailedError (after
-    keeping what completed) when more units failed than max_failed_fraction allows."""
+    keeping what completed) when more units failed than max_failed_fraction allows.
+
+    `slice_spec` "I/N": sample only the prompts of slice I of N into the work area, publish nothing (run_slice);
+    `merge`: sample nothing, publish what the slices sampled once every unit is done or failed (run_merge)."""
     started = time.monotonic()
+    if slice_spec is not None and merge:
+        raise ValueError("--slice and --merge exclude each other: slices sample, the merge publishes")
+    part = parse_slice(slice_spec) if slice_spec is not None else None
     kind = choose_backend(config.backend, model, endpoint)
     # In seconds, before any work: a bad output or work location, one that is (inside) an input or the other.
     work_uri = str(work or default_work(storage.Uri.parse(output)))
@@ -360,6 +373,11 @@ def run(prompts: Sequence[str], output: str, config: SampleConfig, model: str | 
     counts = [min(config.n, len(p.shipped)) if kind == "records" else config.n for p in items]
     wanted = wanted_keys(items, counts)
     units_digest = canonical_hash([[*key, prompt_hash] for key, prompt_hash in wanted.items()])
+    if part is not None:
+        return run_slice(part, prompts, out, area, config, kind, items, counts, units_digest, model, endpoint,
+                         served_model, started)
+    if merge:
+        return run_merge(checked, area, config, kind, items, wanted, units_digest, served_model, prompts, started)
     with contextlib.ExitStack() as stack:
         # One writer per output: a second run (a retried pod while the first still runs) fails here, at once.
         publication = stack.enter_context(checked.open())
@@ -416,6 +434,181 @@ def run(prompts: Sequence[str], output: str, config: SampleConfig, model: str | 
     if not config.keep_work:
         area.delete_all()
     log.info("published %s: %d rows, %d failed units (%.1f s)", out, assembled.rows, len(failed),
+             time.monotonic() - started)
+    return report
+
+
+# --------------------------------------------------------------------------- slices and their merge
+
+
+class MergeIncompleteError(RuntimeError):
+    """Units of the run that no slice has sampled or recorded as failed: the merge publishes nothing."""
+
+
+def run_slice(part: tuple[int, int], prompts: Sequence[str], out: storage.Uri, area: WorkArea, config: SampleConfig,
+              kind: str, items: Sequence[Prompt], counts: Sequence[int], units_digest: str, model: str | None,
+              endpoint: str | None, served_model: str | None, started: float) -> dict[str, Any]:
+    """Sample the missing units of slice I of N into the shared work area and record its failed units there;
+    publish nothing and delete nothing (the merge does both). One pod per slice: its lease is the slice's."""
+    index, count = part
+    mine = [i for i, prompt in enumerate(items) if slice_of(prompt.id, count) == index]
+    own, own_counts = [items[i] for i in mine], [counts[i] for i in mine]
+    total = sum(own_counts)
+    where = area.slice_uri(index, count)
+    with contextlib.ExitStack() as stack:
+        # A second pod on the same slice fails here, at once; other slices run beside it.
+        try:
+            stack.enter_context(storage.claim_output(where))
+        except storage.OutputBusyError as exc:
+            raise storage.OutputBusyError(f"slice {index}/{count} of {out} is being sampled by another pod: {exc}"
+                                          ) from None
+        backend = make_backend(kind, config, model, endpoint, served_model, stack)
+        stack.callback(backend.close)
+        settings = run_settings(backend, config)
+        digest = canonical_hash(settings)
+        published = published_state(out)
+        check_settings(str(out), published, settings, digest, str(out), str(area))
+        if published is not None and published["units_digest"] == units_digest and published["failed"] == 0:
+            log.info("%s already holds every unit of this run; slice %d/%d has nothing to do", out, index, count)
+            return slice_report(part, out, area, backend, digest, total, total, Progress(total, total), [], started)
+        open_work_area(out, area, settings, digest, published)
+        pending = pending_units(own, own_counts, area.scan().hashes())
+        done_before = total - len(pending)
+        log.info("slice %d/%d: %d of %d prompts, %d units; %d done in %s, %d to sample with %s", index, count,
+                 len(own), len(items), total, done_before, area, len(pending), kind)
+        requests = [Request(own[u.prompt], u.sample, unit_seed(config.seed, own[u.prompt].id, u.sample))
+                    for u in pending]
+        progress = Progress(total=total, done_before=done_before)
+        with ProgressLogger(progress, config.progress_seconds, log), sigterm_as_exit():
+            failed = sample_units(backend, area, requests, config, progress) if requests else []
+        progress.finish()
+        log.info("slice %d/%d sampled: %s", index, count, progress.line())
+        # Written on every finished run of the slice (empty when none failed): the merge reads the latest.
+        failed_rows = [failed_row(c) | {"prompt_hash": c.request.prompt.hash} for c in failed]
+        area.write_slice_failed(index, count, failed_rows)
+        report = slice_report(part, out, area, backend, digest, total, done_before, progress, failed_rows, started)
+        storage.write_bytes(where.join("report.json"), orjson.dumps(report, option=orjson.OPT_INDENT_2))
+        if len(failed) > config.max_failed_fraction * total:
+            raise SampleFailedError(failure_message(failed_rows, total, config, progress.ok + done_before, area))
+    return report
+
+
+def slice_report(part: tuple[int, int], out: storage.Uri, area: WorkArea, backend: Backend, digest: str, total: int,
+                 done_before: int, progress: Progress, failed: list[dict[str, Any]], started: float) -> dict[str, Any]:
+    sampling_s, samples_per_s, tokens_per_s = progress.rates()
+    return {"stage": "sample", "slice": f"{part[0]}/{part[1]}", "published": False, "output": str(out),
+            "work": str(area), "backend": backend.describe(), "settings_hash": digest,
+            "units": {"total": total, "done_before": done_before, "sampled": progress.ok, "failed": len(failed)},
+            "failures": {"by_kind": dict(Counter(r["error_kind"] for r in failed)), "units": failed[:FAILED_LISTED]},
+            "speed": {"elapsed_s": round(time.monotonic() - started, 3), "sampling_s": round(sampling_s, 3),
+                      "samples_per_s": round(samples_per_s, 3), "tokens_per_s": round(tokens_per_s, 1),
+                      "requests": progress.attempts}}
+
+
+@dataclasses.dataclass
+class RecordedBackend:
+    """The backend the slices sampled with, as they recorded it: the merge loads no model and calls no server."""
+
+    settings: dict[str, Any]
+    described: dict[str, Any]
+    name: str = "recorded"
+
+    def identity(self) -> dict[str, Any]:
+        return dict(self.settings.get("identity", {}))
+
+    def describe(self) -> dict[str, Any]:
+        return self.described
+
+    def generate(self, requests: Sequence[Request]) -> Iterator[Completion]:
+        raise RuntimeError("the merge samples nothing")
+
+    def close(self) -> None:
+        pass
+
+
+def merge_settings_difference(kind: str, config: SampleConfig, served_model: str | None,
+                              stored: dict[str, Any]) -> str:
+    """What of the settings the slices recorded differs from these flags, as far as they tell without loading
+    the model ("" when nothing): the engine, the endpoint's model, the sampling parameters."""
+    identity = stored.get("identity", {})
+    expected: dict[str, Any] = {"engine": {"openai": "endpoint", "records": "records"}.get(kind, "model")}
+    if kind == "openai":
+        from klear.sample.backends.openai_api import effective_sampling
+
+        expected |= {"model": served_model, "sampling": effective_sampling(config)}
+    elif kind != "records":
+        expected["sampling"] = config.sampling_settings()
+    recorded = {"engine": identity.get("engine"), "sampling": stored.get("sampling"),
+                **({"model": identity.get("model")} if kind == "openai" else {})}
+    recorded = {key: recorded[key] for key in expected}
+    return "" if recorded == expected else settings_difference(recorded, expected)
+
+
+def missing_units(wanted: dict[tuple[str, int], str], done: dict[tuple[str, int], str],
+                  failed: set[tuple[str, int]]) -> list[tuple[str, int]]:
+    """Units of the run neither in a shard (with the prompt's current hash) nor recorded as failed, in order."""
+    return [key for key, digest in wanted.items() if done.get(key) != digest and key not in failed]
+
+
+def run_merge(checked: Any, area: WorkArea, config: SampleConfig, kind: str, items: Sequence[Prompt],
+              wanted: dict[tuple[str, int], str], units_digest: str, served_model: str | None,
+              prompts: Sequence[str], started: float) -> dict[str, Any]:
+    """Publish what the slices sampled, once: refused while any unit is neither in a shard nor failed."""
+    out: storage.Uri = checked.uri
+    with checked.open() as publication:
+        stored = area.read_settings()
+        if stored is None:
+            raise MergeIncompleteError(f"{area} holds no settings.json: no slice of this run has sampled yet; run "
+                                       "`klear sample ... --slice I/N` for every slice first")
+        settings, digest = stored["settings"], stored["hash"]
+        difference = merge_settings_difference(kind, config, served_model, settings)
+        if difference:
+            raise ResumeMismatchError(f"{area}: the slices sampled under other settings than these flags: "
+                                      f"{difference}; merge with the flags the slices ran with")
+        published = published_state(out)
+        check_settings(str(out), published, settings, digest, str(out), str(area))
+        if published is not None and published["units_digest"] == units_digest and published["failed"] == 0:
+            log.info("%s already holds all %d units of this run; nothing to merge", out, len(wanted))
+            return dict(orjson.loads(storage.read_bytes(out.join("report.json"))))
+        scan = area.scan()
+        done = scan.hashes()
+        failed_table = area.read_slice_failed()
+        failed_rows: dict[tuple[str, int], dict[str, Any]] = {}
+        for row in failed_table.to_pylist():  # few: failures are bounded by max_failed_fraction
+            key = (row["id"], row["sample"])
+            if wanted.get(key) == row.pop("prompt_hash") and done.get(key) != wanted[key]:
+                failed_rows.setdefault(key, row)
+        missing = missing_units(wanted, done, set(failed_rows))
+        if missing:
+            shown = ", ".join(f"{i}#{j}" for i, j in missing[:5])
+            raise MergeIncompleteError(
+                f"{len(missing)} of {len(wanted)} units are neither in a shard of {area} nor recorded as failed by "
+                f"a slice ({shown}{' ...' if len(missing) > 5 else ''}): a slice has not finished; rerun it, then "
+                "merge. Nothing published")
+        failed = list(failed_rows.values())
+        if len(failed) > config.max_failed_fraction * len(wanted):
+            raise SampleFailedError(failure_message(failed, len(wanted), config, len(wanted) - len(failed), area))
+        staging = publication.staging
+        failed_writer = ParquetShardWriter(staging / "failed", "part", FAILED_SCHEMA, 100_000)
+        failed_writer.write(pa.Table.from_pylist(failed, schema=FAILED_SCHEMA))
+        failed_writer.close()
+        assembled = assemble(area, scan.shards, wanted, staging, config.rows_per_part)
+        reports = [orjson.loads(storage.read_bytes(area.uri.join("slices", rel)))
+                   for rel in area.slice_files("report.json")]
+        ours = [r for r in reports if r.get("settings_hash") == digest]  # slices of this run's settings
+        described: dict[str, Any] = ours[-1]["backend"] if ours else {}
+        progress = Progress(total=len(wanted), done_before=len(wanted) - len(failed))
+        report = build_report(
+            prompts=prompts, output=str(out), work=str(area), backend=RecordedBackend(settings, described),
+            config=config, settings=settings, digest=digest, n_prompts=len(items), total=len(wanted),
+            done_before=len(wanted) - len(failed), progress=progress, failed=failed, assembled=assembled,
+            elapsed=time.monotonic() - started, scan_duplicates=scan.duplicates, published=True)
+        report["slices"] = {r["slice"]: r["units"] for r in ours}
+        publication.publish(report, {"settings_hash": digest, "settings": settings, "rows": assembled.rows,
+                                     "failed": len(failed), "units_digest": units_digest})
+    if not config.keep_work:
+        area.delete_all()
+    log.info("merged and published %s: %d rows, %d failed units (%.1f s)", out, assembled.rows, len(failed),
              time.monotonic() - started)
     return report
 
@@ -485,9 +678,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--endpoint", metavar="URL", help="OpenAI-compatible API root, e.g. http://teacher:8000/v1")
     parser.add_argument("--served-model", metavar="NAME", help="the model name the endpoint serves")
     parser.add_argument("--work", metavar="URI", help="work area for resumable shards (default: <output>.work)")
+    parser.add_argument("--slice", metavar="I/N", dest="slice_spec",
+                        help="sample only slice I of N (0 <= I < N, by a hash of the prompt id) into the work area, "
+                             "publishing nothing; one pod per slice")
+    parser.add_argument("--merge", action="store_true",
+                        help="sample nothing: publish the slices' units once every unit is in a shard or failed")
     STAGE.add_main(parser, lambda args, config: run(args.prompts, args.output, config, model=args.model,
                                                     endpoint=args.endpoint, served_model=args.served_model,
-                                                    work=args.work),
+                                                    work=args.work, slice_spec=args.slice_spec, merge=args.merge),
                    lambda report: {"units": report["units"], "speed": report["speed"]})
 
 

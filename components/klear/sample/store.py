@@ -43,6 +43,8 @@ FAILED_SCHEMA = pa.schema([
     ("seed", pa.int64()),
     ("where", pa.string()),
 ])
+# A slice's failed units carry their prompt hash: the merge counts only those of the prompts sampled now.
+SLICE_FAILED_SCHEMA = FAILED_SCHEMA.append(pa.field("prompt_hash", pa.string()))
 _KEY_COLUMNS = ["id", "sample", "prompt_hash"]
 
 
@@ -113,6 +115,27 @@ class WorkArea:
 
     def write_settings(self, settings: dict[str, Any]) -> None:
         storage.write_bytes(self.uri.join("settings.json"), orjson.dumps(settings, option=orjson.OPT_INDENT_2))
+
+    # ----------------------------------------------------------------------- slices
+
+    def slice_uri(self, index: int, count: int) -> storage.Uri:
+        """The folder of slice `index` of `count`: its lease (one pod per slice), failed units and report."""
+        return self.uri.join("slices", f"{index}-of-{count}")
+
+    def write_slice_failed(self, index: int, count: int, rows: Sequence[dict[str, Any]]) -> None:
+        table = pa.Table.from_pylist(list(rows), schema=SLICE_FAILED_SCHEMA)
+        storage.write_bytes(self.slice_uri(index, count).join("failed.parquet"), table_bytes(table))
+
+    def slice_files(self, name: str) -> list[str]:
+        """`slices/<I-of-N>/<name>` of every slice that wrote one (any N: a run may be resliced)."""
+        return sorted(rel for rel in storage.list_files(self.uri.join("slices"))
+                      if rel.count("/") == 1 and rel.endswith("/" + name))
+
+    def read_slice_failed(self) -> pa.Table:
+        """The failed units every slice recorded (the last run of each slice); empty when none."""
+        tables = [pq.read_table(pa.BufferReader(storage.read_bytes(self.uri.join("slices", rel))))
+                  .cast(SLICE_FAILED_SCHEMA) for rel in self.slice_files("failed.parquet")]
+        return pa.concat_tables(tables) if tables else SLICE_FAILED_SCHEMA.empty_table()
 
     # ----------------------------------------------------------------------- shards
 
@@ -193,9 +216,10 @@ class WorkArea:
 
 
 # What a work area holds: its settings, shards and their indexes, the report and failed units of a run that
-# failed, and the hidden temp files of an interrupted local write.
+# failed, each slice's lease, failed units and report, and the hidden temp files of an interrupted local write.
 _WORK_FILE = re.compile(r"(settings\.json|report\.json|report\.md|shards/[^/]+\.parquet|index/[^/]+\.json"
-                        r"|failed/[^/]+\.parquet|(.+/)?\.[^/]+)")
+                        r"|failed/[^/]+\.parquet|slices/[0-9]+-of-[0-9]+/(_LEASE\.json|failed\.parquet|report\.json)"
+                        r"|(.+/)?\.[^/]+)")
 
 
 def is_work_file(rel: str) -> bool:

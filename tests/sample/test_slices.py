@@ -1,0 +1,207 @@
+"""Sampling fanned out over slices (`--slice I/N`), then one merge (`--merge`): every unit exactly once, a killed
+slice resumed, a reslice that samples nothing again, one pod per slice, and a merge that refuses while units
+are missing."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from klear.common import storage
+from klear.sample.stage import MergeIncompleteError, iter_rows, run
+from klear.sample.store import WorkArea
+from klear.sample.units import parse_slice, slice_of, unit_seed
+from tests.sample.conftest import fast_config, write_prompts
+from tests.sample.fake_server import FakeServer, expected_parts
+
+PROMPTS, N = 40, 3
+UNITS = PROMPTS * N
+
+
+def _command(prompts: str, out: Path, url: str, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "klear.cli", "sample", "--prompts", prompts, "--output", str(out),
+            "--endpoint", url, "--served-model", "fake-teacher", "--config", "tiny",
+            "--set", f"n={N}", "--set", "concurrency=2", "--set", "shard_size=3", "--set", "flush_seconds=0.2",
+            "--set", "progress_seconds=0.5", *extra]
+
+
+def _check_rows(rows: list[dict], ids: list[str]) -> None:
+    keys = [(r["id"], r["sample"]) for r in rows]
+    assert len(keys) == len(set(keys)) == len(ids) * N  # no duplicates
+    assert set(keys) == {(i, j) for i in ids for j in range(N)}  # no gaps
+    assert set(Counter(r["id"] for r in rows).values()) == {N}
+    for row in rows:
+        assert row["seed"] == unit_seed(0, row["id"], row["sample"])
+        reasoning, answer = expected_parts(row["prompt"], row["seed"])
+        assert row["response"] == f"<think>\n{reasoning}\n</think>\n\n{answer}"
+
+
+def test_slice_of_is_stable_and_partitions_the_ids() -> None:
+    ids = [f"p{i}" for i in range(500)] + ["ünïcode", "", "a/b#c"]
+    # Fixed values: the slice of an id must not change between runs, pods or releases.
+    assert [slice_of(f"p{i}", 4) for i in range(8)] == [_expected(f"p{i}", 4) for i in range(8)]
+    assert slice_of("p0", 1) == 0
+    for count in (1, 2, 3, 4, 7, 16):
+        slices = [slice_of(i, count) for i in ids]
+        assert all(0 <= s < count for s in slices)  # each id in exactly one slice
+        assert len(set(slices)) == count  # and every slice gets some (500 ids)
+        assert slices == [slice_of(i, count) for i in ids]
+    assert parse_slice("2/4") == (2, 4)
+    for bad in ("4/4", "-1/4", "1", "a/b", "1/0", ""):
+        with pytest.raises(ValueError, match="I/N"):
+            parse_slice(bad)
+
+
+def _expected(prompt_id: str, count: int) -> int:
+    import hashlib
+
+    return int.from_bytes(hashlib.sha256(prompt_id.encode()).digest()[:8], "big") % count
+
+
+def test_four_slices_one_killed_rerun_merge_then_three_slices_sample_nothing(tmp_path: Path) -> None:
+    ids = [f"p{i}" for i in range(PROMPTS)]
+    prompts = write_prompts(tmp_path / "p.jsonl", [{"id": i, "prompt": f"question {i}"} for i in ids])
+    out = tmp_path / "out"
+    victim = 2
+    victim_units = N * sum(slice_of(i, 4) == victim for i in ids)
+    with FakeServer(latency_s=0.05, keep_bodies=False) as server:
+        # The victim goes one request at a time (concurrency is no sampling setting): seconds to kill it in.
+        processes = {k: subprocess.Popen(_command(prompts, out, server.url, "--slice", f"{k}/4",
+                                                  *(["--set", "concurrency=1"] if k == victim else [])),
+                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for k in range(4)}
+        # SIGKILL the victim once it has some units in shards and some still to go.
+        area = WorkArea(str(out) + ".work")
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and processes[victim].poll() is None:
+            done = {key for key in area.scan().done if slice_of(key[0], 4) == victim} if area.read_settings() else set()
+            if len(done) >= 3:
+                break
+            time.sleep(0.02)
+        processes[victim].send_signal(signal.SIGKILL)
+        processes[victim].communicate()
+        for k, process in processes.items():
+            _, stderr = process.communicate(timeout=120)
+            assert k == victim or process.returncode == 0, stderr[-2000:]
+        assert processes[victim].returncode == -signal.SIGKILL
+        assert not (out / "_MANIFEST.json").exists()  # a slice never publishes
+
+        # The merge refuses while the killed slice's units are missing, naming them; nothing published.
+        refused = subprocess.run(_command(prompts, out, server.url, "--merge"), capture_output=True, text=True,
+                                 timeout=120)
+        assert refused.returncode != 0, refused.stderr[-2000:]
+        assert "neither in a shard" in refused.stderr and "#" in refused.stderr
+        assert not (out / "_MANIFEST.json").exists()
+
+        rerun = subprocess.run(_command(prompts, out, server.url, "--slice", f"{victim}/4"), capture_output=True,
+                               text=True, timeout=120)
+        assert rerun.returncode == 0, rerun.stderr[-2000:]
+        assert json.loads(rerun.stdout.splitlines()[-1])["units"]["done_before"] >= 3  # resumed, not redone
+        merged = subprocess.run(_command(prompts, out, server.url, "--merge", "--set", "keep_work=true"),
+                                capture_output=True, text=True, timeout=120)
+        assert merged.returncode == 0, merged.stderr[-2000:]
+        requests = server.requests
+        assert requests < UNITS + victim_units  # at most the killed slice's in-flight units twice
+
+        # Resliced into three: every unit is found done; nothing is sampled again.
+        for k in range(3):
+            again = subprocess.run(_command(prompts, out, server.url, "--slice", f"{k}/3"), capture_output=True,
+                                   text=True, timeout=120)
+            assert again.returncode == 0, again.stderr[-2000:]
+            assert json.loads(again.stdout.splitlines()[-1])["units"]["sampled"] == 0
+        assert server.requests == requests
+    _check_rows(list(iter_rows(str(out))), ids)
+    report = json.loads((out / "report.json").read_text())
+    assert report["complete"] and report["units"]["total"] == UNITS and report["units"]["rows"] == UNITS
+    assert sorted(report["slices"]) == ["0/4", "1/4", "2/4", "3/4"]
+    assert sum(s["total"] for s in report["slices"].values()) == UNITS
+
+
+def test_resliced_run_reuses_the_units_of_another_slice_count(tmp_path: Path) -> None:
+    """Two of four slices done, then three slices: only the units the first two did not hold are sampled."""
+    ids = [f"p{i}" for i in range(PROMPTS)]
+    prompts = write_prompts(tmp_path / "p.jsonl", [{"id": i, "prompt": f"question {i}"} for i in ids])
+    out = str(tmp_path / "out")
+    with FakeServer(keep_bodies=False) as server:
+        config = fast_config(f"n={N}")
+        for k in (0, 1):
+            run([prompts], out, config, endpoint=server.url, served_model="fake-teacher", slice_spec=f"{k}/4")
+        first = server.requests
+        sampled = sum(run([prompts], out, config, endpoint=server.url, served_model="fake-teacher",
+                          slice_spec=f"{k}/3")["units"]["sampled"] for k in range(3))
+        assert sampled == server.requests - first == N * sum(slice_of(i, 4) >= 2 for i in ids)
+        assert Path(out + ".work", "settings.json").exists()  # slices never delete the work area
+        report = run([prompts], out, fast_config(f"n={N}", "keep_work=false"), endpoint=server.url,
+                     served_model="fake-teacher", merge=True)
+    assert report["units"]["rows"] == UNITS
+    _check_rows(list(iter_rows(out)), ids)
+    assert not Path(out + ".work").exists()  # the merge removes it all (keep_work=false), the slices' files too
+
+
+def test_second_process_on_the_same_slice_refuses_at_once(tmp_path: Path) -> None:
+    prompts = write_prompts(tmp_path / "p.jsonl", [{"id": f"p{i}", "prompt": f"q {i}"} for i in range(8)])
+    out = tmp_path / "out"
+    area = WorkArea(str(out) + ".work")
+    with FakeServer(keep_bodies=False) as server, storage.claim_output(area.slice_uri(1, 4)):
+        started = time.monotonic()
+        busy = subprocess.run(_command(prompts, out, server.url, "--slice", "1/4"), capture_output=True, text=True,
+                              timeout=60)
+        assert busy.returncode != 0 and "slice 1/4 of" in busy.stderr, busy.stderr[-2000:]
+        assert "being sampled by another pod" in busy.stderr and "1-of-4" in busy.stderr
+        assert time.monotonic() - started < 30 and server.requests == 0
+        # Another slice of the same run is not held up by it.
+        other = subprocess.run(_command(prompts, out, server.url, "--slice", "0/4"), capture_output=True, text=True,
+                               timeout=60)
+        assert other.returncode == 0, other.stderr[-2000:]
+
+
+def test_slice_and_merge_exclude_each_other_and_merge_needs_slices(tmp_path: Path) -> None:
+    prompts = write_prompts(tmp_path / "p.jsonl", [{"id": "a", "prompt": "q"}])
+    config = fast_config("n=1")
+    with pytest.raises(ValueError, match="exclude each other"):
+        run([prompts], str(tmp_path / "out"), config, endpoint="http://127.0.0.1:9/v1", served_model="m",
+            slice_spec="0/2", merge=True)
+    with pytest.raises(MergeIncompleteError, match="no slice"):
+        run([prompts], str(tmp_path / "out"), config, endpoint="http://127.0.0.1:9/v1", served_model="m", merge=True)
+
+
+def test_merge_refuses_other_sampling_settings(tmp_path: Path) -> None:
+    prompts = write_prompts(tmp_path / "p.jsonl", [{"id": f"p{i}", "prompt": f"q {i}"} for i in range(4)])
+    out = str(tmp_path / "out")
+    with FakeServer(keep_bodies=False) as server:
+        run([prompts], out, fast_config("n=1"), endpoint=server.url, served_model="fake-teacher", slice_spec="0/1")
+        with pytest.raises(ValueError, match="temperature"):
+            run([prompts], out, fast_config("n=1", "temperature=0.1"), endpoint=server.url,
+                served_model="fake-teacher", merge=True)
+    assert not Path(out, "_MANIFEST.json").exists()
+
+
+def test_slices_and_merge_on_s3(s3_bucket: str, tmp_path: Path) -> None:
+    ids = [f"p{i}" for i in range(12)]
+    prompts = write_prompts(tmp_path / "p.jsonl", [{"id": i, "prompt": f"question {i}"} for i in ids])
+    out = f"{s3_bucket}/runs/r1/sample-teacher"
+    area = WorkArea(out + ".work")
+    with FakeServer(keep_bodies=False) as server:
+        config = fast_config(f"n={N}")
+        run([prompts], out, config, endpoint=server.url, served_model="fake-teacher", slice_spec="0/2")
+        with pytest.raises(MergeIncompleteError, match=r"neither in a shard"):
+            run([prompts], out, config, endpoint=server.url, served_model="fake-teacher", merge=True)
+        # Another pod holds slice 1 (a thread here: a claim is re-entrant within one context, not across threads).
+        with storage.claim_output(area.slice_uri(1, 2)), ThreadPoolExecutor(1) as pool, \
+                pytest.raises(storage.OutputBusyError, match="slice 1/2"):
+            pool.submit(run, [prompts], out, config, endpoint=server.url, served_model="fake-teacher",
+                        slice_spec="1/2").result()
+        run([prompts], out, config, endpoint=server.url, served_model="fake-teacher", slice_spec="1/2")
+        report = run([prompts], out, fast_config(f"n={N}", "keep_work=false"), endpoint=server.url,
+                     served_model="fake-teacher", merge=True)
+        assert server.requests == len(ids) * N
+    assert report["units"]["rows"] == len(ids) * N and report["complete"]
+    _check_rows(list(iter_rows(out)), ids)
+    assert storage.list_files(area.uri) == []
