@@ -200,7 +200,8 @@ def test_teacher_serves_r1_with_its_reasoning_parser(rendered: dict[str, list[di
     deployment, service = find(objects, "Deployment"), find(objects, "Service")
     pod = deployment["spec"]["template"]["spec"]
     server = pod["containers"][0]
-    assert server["command"][:2] == ["vllm", "serve"] and "--reasoning-parser=deepseek_r1" in server["args"]
+    assert server["command"] == ["python", "-m", "vllm.entrypoints.openai.api_server"]
+    assert server["args"][0] == "--model=/model" and "--reasoning-parser=deepseek_r1" in server["args"]
     assert server["image"] == "klear/klear-gpu:0.1.0"
     assert server["resources"]["limits"]["nvidia.com/gpu"] == 8
     assert f"--tensor-parallel-size={server['resources']['limits']['nvidia.com/gpu']}" in server["args"]
