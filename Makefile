@@ -81,10 +81,10 @@ bench: install
 	$(BIN)/python benchmarks/bench_evaluate.py
 
 # The GPU paths on one GPU: vLLM sampling through `klear sample`, bf16 SFT steps, GPPO steps with colocated vLLM
-# rollouts, with their figures; a message and exit 0 without a GPU or vLLM. In the GPU image, where the packages
-# are installed system-wide: python benchmarks/gpu/gpu_check.py
-gpu-check: install
-	$(BIN)/python benchmarks/gpu/gpu_check.py
+# rollouts, with their figures. Here, from .venv-vllm: on vLLM's CPU build, the same script prints CPU figures.
+# In the GPU image, where the packages are installed system-wide: python benchmarks/gpu/gpu_check.py
+gpu-check: install-vllm
+	$(VLLM_VENV)/bin/python benchmarks/gpu/gpu_check.py
 
 clean:
 	rm -rf runs pipelines/compiled .pytest_cache

