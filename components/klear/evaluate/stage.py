@@ -134,7 +134,7 @@ PROMPT_BATCH_ROWS = 4096  # LiveCodeBench prompts are kilobytes each
 
 def compare_prompts(rows: Iterable[tuple[str, str | None]], expected: Mapping[str, str]) -> dict[str, Any]:
     """How the prompts the rows were asked compare with the protocol's prompt of their problem: rows checked,
-    rows asked something else (with the first one), rows that recorded no prompt."""
+    rows asked something else (with the one of the smallest id), rows that recorded no prompt."""
     checked = differ = unrecorded = 0
     first: dict[str, str] | None = None
     for pid, prompt in rows:
@@ -144,7 +144,8 @@ def compare_prompts(rows: Iterable[tuple[str, str | None]], expected: Mapping[st
         checked += 1
         if prompt != expected[pid]:
             differ += 1
-            first = first or {"id": pid, "prompt": prompt, "protocol": expected[pid]}
+            if first is None or pid < first["id"]:  # the example does not depend on the rows' order
+                first = {"id": pid, "prompt": prompt, "protocol": expected[pid]}
     return {"checked": checked, "differ": differ, "not_recorded": unrecorded, "first_difference": first}
 
 
