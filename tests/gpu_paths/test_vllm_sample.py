@@ -16,6 +16,9 @@ from tests.gpu_paths.conftest import klear, write_prompts
 pytestmark = [pytest.mark.vllm_cpu, pytest.mark.slow]
 
 PROMPTS = [{"id": f"q{i}", "prompt": f"What is {i} + {i + 3}? Think first."} for i in range(4)]
+# Enough seeded requests in one call that vLLM splits prefills over steps, which its CPU build cannot do for
+# seeded requests ("CPU Generator does not use offset") unless the preset turns chunked prefill off.
+MANY = [{"id": f"m{i}", "prompt": f"Compute {i} * {i + 7} and explain every step."} for i in range(64)]
 
 
 def _sample(model: str, prompts: str, output: Path, *settings: str) -> dict:
@@ -43,6 +46,10 @@ def test_vllm_backend_samples_resumes_and_reports_on_cpu(vllm_model: str, tmp_pa
         assert (row["completion_tokens"] == 12) == (row["finish_reason"] == "length")
         assert "<|im_end|>" not in row["response"]
     assert len({r["response"] for r in rows.values()}) > 4  # seeded samples differ
+
+    many = write_prompts(tmp_path / "many.jsonl", MANY)
+    report = _sample(vllm_model, many, tmp_path / "many", "backend=vllm", "n=4", "max_tokens=12")
+    assert report["complete"] and report["units"]["rows"] == 256
 
     # As if the pod had died after its last shard but before publishing: the rerun samples nothing anew.
     shutil.rmtree(tmp_path / "a")

@@ -1,0 +1,171 @@
+"""The GPU paths' cost on vLLM's CPU build, each against vLLM itself in the same run (`make install-vllm` first):
+
+    .venv-vllm/bin/python benchmarks/bench_vllm_cpu.py [--prompts 64] [--n 4] [--tokens 64]
+
+1. offline: output tokens/s of `klear sample --set backend=vllm` (its sampling phase) against `LLM.chat` on the
+   same prompts, chat template, n, seeds and lengths (target >= 0.9x: the stage adds nothing measurable);
+2. endpoint: `klear sample --endpoint` against the teacher's vLLM server, and the same requests sent straight to
+   that server by a bare aiohttp loop at the same concurrency;
+3. GPPO: seconds per step of the tiny-math preset with colocated vLLM rollouts (weight sync checked) against
+   transformers rollouts.
+
+The model is the untied tiny spec `vllm` (random weights: samples run to the token limit on both sides).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+       "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+
+
+def klear(*args: str) -> None:
+    done = subprocess.run([sys.executable, "-m", "klear.cli", *args], env={**os.environ, **ENV}, capture_output=True,
+                          text=True)
+    if done.returncode:
+        raise SystemExit(f"klear {args[0]} exited {done.returncode}:\n{done.stderr[-3000:]}")
+
+
+def write_prompts(path: Path, count: int) -> list[str]:
+    texts = [f"Compute {i} * {i + 7} and explain every step." for i in range(count)]
+    path.write_text("".join(json.dumps({"id": f"q{i}", "prompt": t}) + "\n" for i, t in enumerate(texts)))
+    return texts
+
+
+def klear_offline(model: str, prompts: Path, out: Path, n: int, tokens: int) -> float:
+    klear("sample", "--prompts", str(prompts), "--output", str(out), "--model", model, "--config", "tiny-vllm-cpu",
+          "--set", "backend=vllm", "--set", f"n={n}", "--set", f"max_tokens={tokens}", "--set", "batch_prompts=100000")
+    return float(json.loads((out / "report.json").read_text())["speed"]["tokens_per_s"])
+
+
+def vllm_offline(model: str, texts: list[str], n: int, tokens: int) -> float:
+    """vLLM alone: one LLM.chat call, as the backend makes it (engine settings of the tiny-vllm-cpu preset)."""
+    from vllm import LLM, SamplingParams
+
+    llm = LLM(model=model, enforce_eager=True, enable_prefix_caching=True, seed=0, kv_cache_memory_bytes=2**30,
+              enable_chunked_prefill=False)
+    params = [SamplingParams(n=n, seed=i, temperature=0.6, top_p=0.95, max_tokens=tokens, detokenize=False)
+              for i in range(len(texts))]
+    started = time.perf_counter()
+    outputs = llm.chat([[{"role": "user", "content": t}] for t in texts], sampling_params=params, use_tqdm=False)
+    elapsed = time.perf_counter() - started
+    generated = sum(len(c.token_ids) for o in outputs for c in o.outputs)
+    del llm
+    return generated / elapsed
+
+
+def start_server(model: str, port: int, log: Path) -> subprocess.Popen[bytes]:
+    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", f"--model={model}", "--served-model-name=m",
+               "--host=127.0.0.1", f"--port={port}", "--max-model-len=512", "--reasoning-parser=deepseek_r1",
+               "--no-enable-chunked-prefill"]  # as the tiny-vllm-cpu preset: seeded requests on CPU need it
+    process = subprocess.Popen(command, stdout=open(log, "wb"), stderr=subprocess.STDOUT, env={**os.environ, **ENV},
+                               start_new_session=True)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
+                return process
+        except OSError:
+            if process.poll() is not None:
+                break
+            time.sleep(1)
+    raise SystemExit(f"the vLLM server did not come up:\n{log.read_text()[-3000:]}")
+
+
+async def bare_client(url: str, texts: list[str], n: int, tokens: int, concurrency: int) -> float:
+    """The same chat requests as the endpoint backend sends (one per sample), nothing else."""
+    import aiohttp
+
+    jobs = [(t, j) for t in texts for j in range(n)]
+    generated = 0
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(session: aiohttp.ClientSession, text: str, seed: int) -> None:
+        nonlocal generated
+        body = {"model": "m", "messages": [{"role": "user", "content": text}], "max_tokens": tokens, "seed": seed,
+                "temperature": 0.6, "top_p": 0.95}
+        async with gate, session.post(f"{url}/chat/completions", json=body) as response:
+            generated += int((await response.json())["usage"]["completion_tokens"])
+
+    started = time.perf_counter()
+    async with aiohttp.ClientSession() as session:
+        await asyncio.gather(*(one(session, t, j) for t, j in jobs))
+    return generated / (time.perf_counter() - started)
+
+
+def gppo_seconds_per_step(model: str, data: Path, out: Path, use_vllm: bool, steps: int) -> float:
+    sets = [f"use_vllm={str(use_vllm).lower()}", f"max_steps={steps}", "save_steps=1000",
+            "reward.scorer=tests.gppo.toy_scorers:digit_fraction", *(["vllm_sync_tolerance=0.05"] if use_vllm else [])]
+    klear("gppo", "--model", model, "--data", str(data), "--output", str(out), "--config", "tiny-math",
+          *[x for s in sets for x in ("--set", s)])
+    report = json.loads((out / "report.json").read_text())
+    return float(report["metrics"]["train_runtime"]) / steps
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--prompts", type=int, default=64)
+    parser.add_argument("--n", type=int, default=4)
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--gppo-steps", type=int, default=6)
+    args = parser.parse_args()
+    os.environ.update(ENV)
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.gppo.toy_scorers for the rewards
+    from klear.demo.generate import generate
+    from klear.demo.tiny_model import build
+
+    figures: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-vllm-cpu-") as tmp:
+        work = Path(tmp)
+        build(str(work / "model"), "vllm")
+        model = str(work / "model")
+        texts = write_prompts(work / "prompts.jsonl", args.prompts)
+        shape = f"{args.prompts} prompts x n={args.n}, {args.tokens} new tokens"
+
+        ours = klear_offline(model, work / "prompts.jsonl", work / "offline", args.n, args.tokens)
+        theirs = vllm_offline(model, texts, args.n, args.tokens)
+        figures["offline"] = {"klear": ours, "vllm": theirs, "ratio": ours / theirs}
+        print(f"1. offline, {shape}: klear sample {ours:,.0f} tok/s, LLM.chat {theirs:,.0f} tok/s, "
+              f"ratio {ours / theirs:.2f}", flush=True)
+
+        from tests.conftest import free_port
+
+        port = free_port()
+        server = start_server(model, port, work / "server.log")
+        try:
+            url = f"http://127.0.0.1:{port}/v1"
+            asyncio.run(bare_client(url, texts, 1, 8, 32))  # warm-up: first requests and the prompts' prefix cache
+            klear("sample", "--prompts", str(work / "prompts.jsonl"), "--output", str(work / "endpoint"), "--endpoint",
+                  url, "--served-model", "m", "--config", "tiny", "--set", f"n={args.n}", "--set",
+                  f"max_tokens={args.tokens}", "--set", "concurrency=32")
+            ours = float(json.loads((work / "endpoint" / "report.json").read_text())["speed"]["tokens_per_s"])
+            theirs = asyncio.run(bare_client(url, texts, args.n, args.tokens, 32))
+        finally:
+            server.terminate()
+            server.wait(timeout=60)
+        figures["endpoint"] = {"klear": ours, "bare_client": theirs, "ratio": ours / theirs}
+        print(f"2. endpoint, {shape}, 32 in flight: klear sample {ours:,.0f} tok/s, bare aiohttp {theirs:,.0f} tok/s, "
+              f"ratio {ours / theirs:.2f}", flush=True)
+
+        generate(str(work / "demo"), math_count=120, code_count=8, seed=0, arithmetic_count=0, benchmark_count=0)
+        with_vllm = gppo_seconds_per_step(model, work / "demo" / "math.jsonl", work / "g-vllm", True, args.gppo_steps)
+        with_hf = gppo_seconds_per_step(model, work / "demo" / "math.jsonl", work / "g-hf", False, args.gppo_steps)
+        figures["gppo_s_per_step"] = {"vllm": with_vllm, "transformers": with_hf}
+        print(f"3. GPPO tiny-math, {args.gppo_steps} steps: {with_vllm:.2f} s/step with vLLM rollouts, "
+              f"{with_hf:.2f} s/step with transformers rollouts ({with_hf / with_vllm:.1f}x)", flush=True)
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()
