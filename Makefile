@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install install-vllm test-vllm demo stage test test-fast typecheck pipeline bench gpu-check clean
+.PHONY: install install-vllm test-vllm demo stage test test-fast lint typecheck pipeline bench gpu-check clean
 
 install: $(STAMP)
 
@@ -45,7 +45,7 @@ stage: pipeline
 
 # The type check, then every test. pytest exits 5 when it collects nothing; that is not a failure of the suite.
 # Then the GPU code paths on vLLM's CPU build, from .venv-vllm (the main environment has no vLLM and skips them).
-test: typecheck install-vllm
+test: lint typecheck install-vllm
 	$(BIN)/python -m pytest; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; rc=0; fi; \
 	$(TEST_VLLM) || rc=1; exit $$rc
 
@@ -60,6 +60,10 @@ test-vllm: install-vllm
 # The inner loop: everything but the end-to-end runs (marked slow).
 test-fast: install
 	$(BIN)/python -m pytest -m "not slow"; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; rc=0; fi; exit $$rc
+
+# ruff over the package, the pipelines, the benchmarks and the tests (rules and line length in pyproject.toml).
+lint: install
+	$(BIN)/ruff check components pipelines benchmarks tests
 
 # mypy over every module of the package, the pipelines and the benchmarks (settings in pyproject.toml).
 typecheck: install

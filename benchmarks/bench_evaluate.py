@@ -161,7 +161,7 @@ def main() -> None:
             stage_rate = n / (time.perf_counter() - start)
             with CodeVerifier(verifier.model_copy(update={"code_workers": w})) as cv:
                 cv.verify_batch(jobs[:w])  # warm-up: sandbox zygotes forked
-                pool_rate, results = _rate(n, lambda: cv.verify_batch(jobs))
+                pool_rate, results = _rate(n, lambda: cv.verify_batch(jobs))  # noqa: B023 (called at once)
             assert sum(r.all_passed for r in results) == report["benchmarks"]["livecodebench_v5"]["correct"]
             print(f"LiveCodeBench-style {name}: {n} samples x {args.tests} tests ({args.code_problems} problems x "
                   f"{args.code_k}, a third failing at test {args.tests // 2}, first-failure mode), {w} workers")

@@ -18,11 +18,11 @@ from pathlib import Path
 
 from klear.common.config import load_config
 from klear.demo.generate import generate
+from klear.demo.tiny_model import build
 from klear.gppo.config import GppoConfig
 from klear.gppo.stage import run
 from klear.sft.config import SftConfig
 from klear.sft.stage import run as sft
-from klear.demo.tiny_model import build
 
 PHASES = ("time/generation_s", "time/rewards_s", "time/update_s")
 

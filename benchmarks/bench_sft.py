@@ -52,9 +52,9 @@ def packing_efficiency(lengths: list[int], max_length: int) -> tuple[float, int,
 def tiny_model_speed() -> dict[str, float]:
     from klear.common.config import load_config
     from klear.demo.generate import generate
+    from klear.demo.tiny_model import build
     from klear.sft.config import SftConfig
     from klear.sft.stage import run
-    from klear.demo.tiny_model import build
 
     with tempfile.TemporaryDirectory(prefix="bench-sft-") as tmp:
         root = Path(tmp)

@@ -223,7 +223,8 @@ def main() -> None:
             gain, err = paired_gain(scored[before], scored[after])
             print(f"{after} - {before}: {gain:+.1f} ± {err:.1f} points (paired over problems)")
     if args.json:
-        Path(args.json).write_text(json.dumps([{**p.__dict__, "score": {k: v for k, v in p.score.__dict__.items() if k != "per_problem"} if p.score else None}
+        Path(args.json).write_text(json.dumps([{**p.__dict__, "score": {k: v for k, v in p.score.__dict__.items()
+                                                                         if k != "per_problem"} if p.score else None}
                                                for p in phases], indent=2, default=str))
 
 

@@ -10,9 +10,9 @@ import sys
 from pathlib import Path
 
 import yaml
+from google.protobuf import json_format
 from kfp import compiler
 from kfp.pipeline_spec import pipeline_spec_pb2
-from google.protobuf import json_format
 
 from pipelines.definitions import PIPELINES
 

@@ -21,7 +21,6 @@ parameter, which would change every run and keep KFP from ever caching a determi
 
 import os
 
-
 from kfp import dsl
 
 from klear.common.component import digest_inputs, slice_list

@@ -105,8 +105,8 @@ def start(workdir: Path, timeout: float = 60.0) -> SeaweedS3:
         try:
             client.list_buckets()
             return server
-        except Exception:
+        except Exception as exc:  # noqa: BLE001 (any failure to answer means: not up yet)
             if time.monotonic() > deadline:
                 server.stop()
-                raise RuntimeError(f"SeaweedFS did not answer in {timeout} s; log:\n{log_path.read_text()[-3000:]}")
+                raise RuntimeError(f"SeaweedFS did not answer in {timeout} s; log:\n{log_path.read_text()[-3000:]}") from exc
             time.sleep(0.3)

@@ -98,9 +98,11 @@ def main(argv: list[str] | None = None) -> int:
                                 "max_steps=2", f"max_completion_length={output_len}",
                                 *([] if gpu else ["vllm_sync_tolerance=0.05"])])
         steps = rl["training"]["global_step"]
-        print(f"3. GPPO with colocated vLLM rollouts, {'bf16, 1 GPU' if gpu else 'fp32, CPU'}: {steps} steps in {rl_s:.1f} s including launch "
+        precision = "bf16, 1 GPU" if gpu else "fp32, CPU"
+        print(f"3. GPPO with colocated vLLM rollouts, {precision}: {steps} steps in {rl_s:.1f} s including launch "
               f"({rl_s / max(steps, 1):.2f} s/step)", flush=True)
-        print(json.dumps({"device": device, "sample_tokens_per_s": tokens_per_s, "sft_seconds": sft_s, "sft_steps": sft["training"]["global_step"],
+        print(json.dumps({"device": device, "sample_tokens_per_s": tokens_per_s, "sft_seconds": sft_s,
+                          "sft_steps": sft["training"]["global_step"],
                           "gppo_seconds": rl_s, "gppo_steps": steps}))
     return 0
 

@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from klear.common.markdown import escape, escaped, markdown_report
 
+from klear.common.markdown import escape, escaped, markdown_report
 from tests.commands import jsonl, klear
 
 HOSTILE = "<img src=x onerror=alert(1)>|x"

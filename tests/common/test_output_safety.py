@@ -8,8 +8,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from klear.common import storage
 
+from klear.common import storage
 from tests.commands import jsonl, klear
 
 

@@ -340,7 +340,7 @@ def test_two_curate_processes_started_together_never_both_succeed_mixed(
     results = {name: (run.communicate(timeout=300), run.returncode) for name, run in runs.items()}
     succeeded = [name for name, (_, code) in results.items() if code == 0]
     assert succeeded, results
-    for name, ((_, err), code) in results.items():
+    for (_, err), code in results.values():
         if code != 0:
             assert f"{output} is being written by another run" in err, err
     _assert_consistent(output)

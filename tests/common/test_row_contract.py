@@ -12,7 +12,6 @@ from klear.common.chat import THINK_CLOSE, THINK_OPEN, ResponseParts, render_res
 from klear.common.sample_rows import PROMPT_FIELDS, prompt_text, response_parts
 from tests.judge.samples import boxed, math_record, publish_samples, read_parquet_folder, response, sample_row
 
-
 # --------------------------------------------------------------------------- the prompt of a source row
 
 

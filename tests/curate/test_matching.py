@@ -166,7 +166,9 @@ def test_invisible_characters_inside_every_word_do_not_hide_a_copy(index: NgramI
     from klear.curate.matching import DEFAULT_IGNORABLE
 
     item = next(i for i in items if i.benchmark == "aime24")
-    texts = [re.sub(r"(\w)(?=\w)", lambda m, c=chr(c): m.group(1) + c, item.text) for c in sorted(DEFAULT_IGNORABLE)]
+    # c=chr(c) binds each loop's character into its lambda.
+    texts = [re.sub(r"(\w)(?=\w)", lambda m, c=chr(c): m.group(1) + c, item.text)  # noqa: B008
+             for c in sorted(DEFAULT_IGNORABLE)]
     pairs = len(re.findall(r"\w(?=\w)", item.text))  # the character sits between any two letters or digits
     assert texts[0].count(chr(min(DEFAULT_IGNORABLE))) == pairs > 100
     lists = normalize_batch(texts)

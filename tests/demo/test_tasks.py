@@ -32,7 +32,9 @@ def test_splits_are_seeded_and_disjoint_by_operands() -> None:
     bench = tasks.benchmark_items(100, seed=0)
     assert bench == tasks.benchmark_items(100, seed=0) and bench != tasks.benchmark_items(100, seed=1)
     train = tasks.train_items(1500, seed=0, held_out=100)
-    operands = lambda text: tuple(sorted(int(x) for x in text.removeprefix("What is ").rstrip("?").split(" + ")))
+    def operands(text: str) -> tuple[int, ...]:
+        return tuple(sorted(int(x) for x in text.removeprefix("What is ").rstrip("?").split(" + ")))
+
     held = {operands(row["problem"]) for row in bench}
     assert len(held) == 100 and not held & {operands(row["problem"]) for row in train}
     assert len({row["problem"] for row in train}) == 1500

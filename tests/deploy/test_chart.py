@@ -11,8 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.deploy.helpers import (CHART, CREDENTIALS, NAMESPACE, RELEASE, ROOT, find, merge, pod_specs, render,
-                                  validation_errors)
+from tests.deploy.helpers import CHART, CREDENTIALS, NAMESPACE, RELEASE, ROOT, find, merge, pod_specs, render, validation_errors
 
 helm = pytest.importorskip("helm_python", reason="helm-python-sdk is in the test extra")
 

@@ -14,8 +14,7 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.version import Version
 
-from tests.deploy.helpers import (ROOT, dockerfile, dockerignore_rules, dockerignored, load_lock_module,
-                                  pip_installs)
+from tests.deploy.helpers import ROOT, dockerfile, dockerignore_rules, dockerignored, load_lock_module, pip_installs
 
 lock = load_lock_module()
 IMAGES = sorted(lock.IMAGES)

@@ -8,8 +8,8 @@ import pytest
 
 from klear.evaluate.samples import parse_sample_specs
 from klear.evaluate.stage import run
-from tests.evaluate.test_scores import GOLD, _benchmark, _config, _right, planted_rows
 from tests.evaluate.helpers import publish_samples, write_jsonl
+from tests.evaluate.test_scores import GOLD, _benchmark, _config, _right, planted_rows
 
 
 @pytest.fixture(scope="session")

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from klear.common import storage
-from tests.evaluate.test_scores import _benchmark, planted_rows
 from tests.evaluate.helpers import TINY_SAMPLING, publish_samples
+from tests.evaluate.test_scores import _benchmark, planted_rows
 
 
 @pytest.mark.slow

@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from klear.evaluate.livecodebench import (LcbError, contest_day, decode_private_tests, is_livecodebench, lcb_prompt,
-                                          parse_problem)
+from klear.evaluate.livecodebench import LcbError, contest_day, decode_private_tests, is_livecodebench, lcb_prompt, parse_problem
 from tests.evaluate.helpers import lcb_row, packed
 
 TESTS = [{"input": "1\n", "output": "2\n", "testtype": "stdin"}, {"input": "5\n", "output": "10\n", "testtype": "stdin"}]

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from klear.common import storage
+from klear.gppo.report import metric_items, render_markdown
 from klear.gppo.stage import STAGE as GPPO
 from klear.training.launch import accelerate_command
 from klear.training.trainjob import JobSpec, render_trainjob, validate_manifest
-from klear.gppo.report import metric_items, render_markdown
 from tests.conftest import free_port
 
 DIGITS = "reward.scorer=tests.gppo.toy_scorers:digit_fraction"

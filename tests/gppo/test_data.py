@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
+from klear.common.records import unwrap_record
 from klear.gppo.data import rl_row
 from klear.sft.data import to_messages
-from klear.common.records import unwrap_record
 
 INNER = {"id": "src-1", "problem": "What is 2 + 3?", "answer": "5",
          "messages": [{"role": "user", "content": "What is 2 + 3?"}, {"role": "assistant", "content": "5"}]}

@@ -17,8 +17,7 @@ from klear.judge.rates import histogram
 from klear.judge.scoring import Judgement, code_judgement, prepare
 from klear.verifiers.code_verifier import CodeResult
 from klear.verifiers.config import VerifierConfig
-from tests.judge.samples import (CORRECT, HALF, HANG, WRONG, boxed, code_record, math_record, program, response,
-                                 sample_row)
+from tests.judge.samples import CORRECT, HALF, HANG, WRONG, boxed, code_record, math_record, program, response, sample_row
 
 # 3 s per test: a correct program must never time out on a busy 2-core machine; the hanging one costs 2 x 3 s.
 CONFIG = load_config(JudgeConfig, "tiny", ["verifier.timeout_s=3.0"])

@@ -18,8 +18,17 @@ from klear.common.config import load_config
 from klear.judge.config import JudgeConfig
 from klear.judge.io import SampleInputError
 from klear.judge.stage import run
-from tests.judge.samples import (CORRECT, HALF, WRONG, boxed, code_record, math_record, publish_samples,
-                                 read_parquet_folder, sample_row)
+from tests.judge.samples import (
+    CORRECT,
+    HALF,
+    WRONG,
+    boxed,
+    code_record,
+    math_record,
+    publish_samples,
+    read_parquet_folder,
+    sample_row,
+)
 from tests.judge.scorers import LOG_ENV
 
 CONFIG = load_config(JudgeConfig, "tiny", ["verifier.timeout_s=3.0"])

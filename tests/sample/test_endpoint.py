@@ -42,7 +42,7 @@ def test_every_fault_is_retried_and_every_reasoning_shape_normalized(fake_server
     report = _sample(fake_server, prompts, tmp_path / "out", "n=2", "request_timeout_s=0.5")
     rows = _rows(str(tmp_path / "out"))
     assert len(rows) == 24 and report["units"]["failed"] == 0 and report["complete"]
-    for (name, sample), row in rows.items():
+    for (name, _index), row in rows.items():
         reasoning, answer = expected_parts(row["prompt"], row["seed"])
         if name == "plain":
             assert row["response"] == answer and row["reasoning"] is None

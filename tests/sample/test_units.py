@@ -10,8 +10,16 @@ from klear.common.records import Located, RecordError, Source
 from klear.sample.reasoning import Parsed, from_message, from_text, render
 from klear.sample.retry import backoff_delay, classify_status, parse_retry_after
 from klear.sample.stage import settings_difference
-from klear.sample.units import (DuplicatePromptError, canonical_hash, check_unique, pending_units, prompt_from_row,
-                                shipped_responses, unit_seed, wanted_keys)
+from klear.sample.units import (
+    DuplicatePromptError,
+    canonical_hash,
+    check_unique,
+    pending_units,
+    prompt_from_row,
+    shipped_responses,
+    unit_seed,
+    wanted_keys,
+)
 
 NORMAL = "<think>\nstep one\n</think>\n\nthe answer"
 

@@ -9,10 +9,10 @@ import pytest
 
 from klear.common import storage
 from klear.demo.generate import generate
+from klear.demo.tiny_model import build
+from klear.sft.report import metric_items, render_markdown
 from klear.sft.stage import STAGE as SFT
 from klear.training.launch import accelerate_command, shell_line
-from klear.sft.report import metric_items, render_markdown
-from klear.demo.tiny_model import build
 
 
 def test_report_to_metrics_and_markdown(reference_run: dict) -> None:

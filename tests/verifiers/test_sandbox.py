@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from klear.verifiers import sandbox as sandbox_mod
 from klear.verifiers import SandboxPool, SandboxUnavailable, VerifierConfig
+from klear.verifiers import sandbox as sandbox_mod
 
 ROOT = os.geteuid() == 0
 SECRET = "klear-test-secret-" + os.urandom(8).hex()

@@ -25,7 +25,8 @@ import pyarrow.parquet as pq
 
 from klear.common import storage
 
-__all__ = ["Chunk", "Located", "ParquetShardWriter", "RecordError", "Source", "iter_chunks", "iter_records", "jsonl_chunks", "iter_training_records", "parse_chunk", "parse_sources", "primary_data_files", "read_records", "write_records"]
+__all__ = ["Chunk", "Located", "ParquetShardWriter", "RecordError", "Source", "iter_chunks", "iter_records", "jsonl_chunks",
+           "iter_training_records", "parse_chunk", "parse_sources", "primary_data_files", "read_records", "write_records"]
 
 _JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 _PARQUET_SUFFIXES = (".parquet",)
@@ -357,7 +358,8 @@ MAX_DEPTH = 4  # sample -> curate row -> original row is 2; more is malformed in
 
 
 def unwrap_record(row: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The one rule by which every stage reads a wrapped row: `row` with every nested `record` (a JSON object or its text) merged in, outer fields winning;
+    """The one rule by which every stage reads a wrapped row: `row` with every nested `record` (a JSON object or its
+    text) merged in, outer fields winning;
     None when a `record` is there but is not an object (a row that cannot be read, never guessed at)."""
     flat = {k: v for k, v in row.items() if k != RECORD}
     inner: Any = row.get(RECORD)

@@ -154,7 +154,7 @@ def _max_attempts() -> int:
     return int(os.environ.get("KLEAR_S3_MAX_ATTEMPTS", "4"))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _client_for(endpoint: str | None, key_id: str | None, secret: str | None, region: str | None, attempts: int) -> Any:
     import boto3
     from botocore.config import Config
@@ -357,7 +357,7 @@ def _lease_ttl() -> float:
 
 
 def _now() -> str:
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
 
 
 def _pid_space() -> str:
@@ -541,7 +541,7 @@ def _read_lease_s3(key: Uri) -> tuple[dict[str, Any], str, float] | None:
         return None
     body = response["Body"].read()
     date = response["ResponseMetadata"].get("HTTPHeaders", {}).get("date")
-    server_now = email.utils.parsedate_to_datetime(date) if date else dt.datetime.now(dt.timezone.utc)
+    server_now = email.utils.parsedate_to_datetime(date) if date else dt.datetime.now(dt.UTC)
     age = (server_now - response["LastModified"]).total_seconds()
     return _parse_holder(body), response["ETag"], age
 
@@ -644,7 +644,7 @@ def _acquire_s3(uri: Uri, run_id: str, ttl_s: float) -> _S3Lease:
                 f"or set KLEAR_BREAK_LEASE={holder.get('run_id', '?')} to take over at once"))
         # Compare-and-swap on the stale lease's ETag: of several runs taking over, exactly one wins.
         put = _conditional(key, "taking over", lambda: client.put_object(
-            Bucket=key.bucket, Key=key.path, Body=body, IfMatch=etag))
+            Bucket=key.bucket, Key=key.path, Body=body, IfMatch=etag))  # noqa: B023 (called at once)
         if put is not None:
             log.warning("%s: took over the lease of run %s: %s", uri, holder.get("run_id", "?"), reason)
             return _S3Lease(uri, run_id, put["ETag"], ttl_s, inherited=True)

@@ -59,7 +59,7 @@ def detail_table(report: Mapping[str, Any], label: str) -> Table:
     ks = sorted({k for b in model["benchmarks"].values() for k in b["pass@k"] if k != "1"}, key=int)  # 1: pass@1
     headers = ["benchmark", "pass@1", "stderr", *[f"pass@{k}" for k in ks], "truncated", "mean tokens", "verdicts"]
     rows = []
-    for name, b in model["benchmarks"].items():
+    for b in model["benchmarks"].values():
         verdicts = ", ".join(f"{v} {n}" for v, n in b["verdicts"].items())
         rows.append([b["title"], _num(b["pass@1"]), _num(b["stderr"]), *[_num(b["pass@k"].get(k)) for k in ks],
                      f"{100 * b['truncated']:.1f}%", _num(b["mean_response_tokens"], 0), verdicts])

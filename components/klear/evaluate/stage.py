@@ -57,8 +57,7 @@ from klear.evaluate.benchmarks import BenchmarkSet, load_benchmarks
 from klear.evaluate.config import EvaluateConfig
 from klear.evaluate.paper import TABLE1
 from klear.evaluate.report import render_html, render_markdown
-from klear.evaluate.samples import (LocalSource, SampleError, SampleSource, open_source, parse_sample_specs, read_keys,
-                                    read_rows)
+from klear.evaluate.samples import LocalSource, SampleError, SampleSource, open_source, parse_sample_specs, read_keys, read_rows
 from klear.evaluate.scoring import ProblemScore, SampleScore, Selection, score_benchmarks, select_samples
 from klear.judge import Judge, Judgement
 from klear.judge.io import ScoreStore, fingerprint, settings_key

@@ -23,12 +23,13 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-# First: the skeleton sets HF_HUB_OFFLINE before anything imports transformers.
-from klear.training.stage import Prepared, StageInputs, TrainingStage, load_chat_tokenizer
-from klear.training import hf_model
 from klear.gppo.config import GppoConfig
 from klear.gppo.data import load_rows
 from klear.gppo.report import metric_items, render_markdown
+from klear.training import hf_model
+
+# First: the skeleton sets HF_HUB_OFFLINE before anything imports transformers.
+from klear.training.stage import Prepared, StageInputs, TrainingStage, load_chat_tokenizer
 
 
 class GppoError(hf_model.ModelInputError):

@@ -1,6 +1,5 @@
 """KFP component of the sample stage: a thin wrapper around `klear.sample.stage.run`."""
 
-from typing import Optional
 
 from kfp import dsl
 from kfp.dsl import Dataset, Input, Markdown, Metrics, Model, Output
@@ -21,7 +20,7 @@ def sample(
     samples: Output[Dataset],
     summary: Output[Markdown],
     metrics: Output[Metrics],
-    model: Optional[Input[Model]] = None,
+    model: Input[Model] | None = None,
     model_uri: str = "",
     merge: bool = False,
     slices: list = [],
@@ -80,7 +79,7 @@ def sample_slice(
     overrides: list,
     run_root: str,
     part: str,
-    model: Optional[Input[Model]] = None,
+    model: Input[Model] | None = None,
     model_uri: str = "",
     gpus: str = "",
     cpu: str = "",

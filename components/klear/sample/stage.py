@@ -56,8 +56,18 @@ from klear.sample.config import SampleConfig
 from klear.sample.progress import Progress, ProgressLogger
 from klear.sample.report import render_markdown
 from klear.sample.store import FAILED_SCHEMA, SCHEMA, ResumeMismatchError, WorkArea, failed_row
-from klear.sample.units import (Prompt, canonical_hash, check_unique, parse_slice, pending_units, prompt_from_row,
-                                shipped_responses, slice_of, unit_seed, wanted_keys)
+from klear.sample.units import (
+    Prompt,
+    canonical_hash,
+    check_unique,
+    parse_slice,
+    pending_units,
+    prompt_from_row,
+    shipped_responses,
+    slice_of,
+    unit_seed,
+    wanted_keys,
+)
 
 log = logging.getLogger("klear.sample")
 STAGE = DataStage("sample", SampleConfig, render_markdown)

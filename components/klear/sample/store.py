@@ -53,7 +53,7 @@ class ResumeMismatchError(ValueError):
 
 
 def new_writer_name() -> str:
-    return f"{dt.datetime.now(dt.timezone.utc).strftime('%Y%m%dT%H%M%S')}-{secrets.token_hex(4)}"
+    return f"{dt.datetime.now(dt.UTC).strftime('%Y%m%dT%H%M%S')}-{secrets.token_hex(4)}"
 
 
 def completion_row(completion: Completion) -> dict[str, Any]:

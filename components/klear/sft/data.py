@@ -18,8 +18,7 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-from klear.common.records import iter_training_records
-from klear.common.records import unwrap_record
+from klear.common.records import iter_training_records, unwrap_record
 
 SKIP_REASONS = ("no_assistant", "too_long", "unreadable")
 _ROLES = ("system", "user", "assistant")

@@ -27,14 +27,15 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-# First: the skeleton sets HF_HUB_OFFLINE before anything imports transformers.
-from klear.training.stage import Prepared, StageInputs, TrainingStage, load_chat_tokenizer
-from klear.training import hf_model
-from klear.training.hf_model import ModelInputError
 from klear.common.chat import END_OF_TURN
 from klear.sft.config import SftConfig
 from klear.sft.data import encode_example, iter_conversations
 from klear.sft.report import metric_items, render_markdown
+from klear.training import hf_model
+from klear.training.hf_model import ModelInputError
+
+# First: the skeleton sets HF_HUB_OFFLINE before anything imports transformers.
+from klear.training.stage import Prepared, StageInputs, TrainingStage, load_chat_tokenizer
 
 
 class SftError(ModelInputError):
@@ -130,7 +131,8 @@ def training_arguments(config: SftConfig, work: Path) -> Any:
         bf16=config.bf16,
         gradient_checkpointing=config.gradient_checkpointing,
         gradient_checkpointing_kwargs={"use_reentrant": False} if config.gradient_checkpointing else None,
-        model_init_kwargs={"dtype": "bfloat16" if config.bf16 else "float32", "attn_implementation": hf_model.attention(config.attn_implementation),
+        model_init_kwargs={"dtype": "bfloat16" if config.bf16 else "float32",
+                           "attn_implementation": hf_model.attention(config.attn_implementation),
                            "use_cache": False},
         use_liger_kernel=liger,
         deepspeed=hf_model.deepspeed_config(config.deepspeed),

@@ -1,6 +1,5 @@
 """KFP component of the sft-data stage: a thin wrapper around `klear.sft_data.stage.run`."""
 
-from typing import Optional
 
 from kfp import dsl
 from kfp.dsl import Dataset, Input, Markdown, Metrics, Model, Output
@@ -17,8 +16,8 @@ def sft_data(
     records: Output[Dataset],
     summary: Output[Markdown],
     metrics: Output[Metrics],
-    reference_samples: Optional[Input[Dataset]] = None,
-    target_model: Optional[Input[Model]] = None,
+    reference_samples: Input[Dataset] | None = None,
+    target_model: Input[Model] | None = None,
     input_digest: str = "",
 ):
     """SFT chat records from the teacher's samples, labelled easy/hard by a reference model, filtered by policy.

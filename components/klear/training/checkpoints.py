@@ -222,7 +222,7 @@ class CheckpointUploader(TrainerCallback):
             self.published.append(step)
             for old in published_steps(self.output)[: -self.keep]:
                 delete_checkpoint(self.output, old)
-        except BaseException as exc:  # surfaced on the training thread by wait()
+        except BaseException as exc:  # noqa: BLE001 (surfaced on the training thread by wait())
             self._error = exc
         finally:
             shutil.rmtree(snapshot, ignore_errors=True)

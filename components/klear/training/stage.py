@@ -31,6 +31,7 @@ from klear.training import checkpoints, hf_model  # noqa: E402
 from klear.training.fingerprint import run_fingerprint  # noqa: E402
 from klear.training.hf_model import ModelInputError  # noqa: E402
 
+
 class TrainingConfig(Protocol):
     """The fields of a stage's config the skeleton reads (SftConfig and GppoConfig have them)."""
 

@@ -7,7 +7,6 @@ running the programs is the sandbox pool's job.
 from __future__ import annotations
 
 import atexit
-
 import hashlib
 import json
 import math

@@ -291,7 +291,8 @@ class SandboxPool:
         if raw.get("error"):
             return RunResult("sandbox_error", detail=raw["error"])
         return RunResult(
-            classify({**raw, "cpu_limit_s": int(job["timeout_s"]) + 1}), raw["stdout"], raw["stderr"], raw["result"], raw["wall_s"], raw["cpu_s"],
+            classify({**raw, "cpu_limit_s": int(job["timeout_s"]) + 1}), raw["stdout"], raw["stderr"], raw["result"],
+            raw["wall_s"], raw["cpu_s"],
             raw["maxrss_kb"], raw["exit_code"], raw["signal"], raw["workdir"],
         )
 

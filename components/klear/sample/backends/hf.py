@@ -76,8 +76,11 @@ class HFBackend:
     def _processors(self) -> Any:
         """transformers' own logits processors for what is not sampling proper: the repetition penalty, and the
         model's generation-config token biases (`sequence_bias`), as `generate` would apply them."""
-        from transformers.generation.logits_process import (LogitsProcessorList, RepetitionPenaltyLogitsProcessor,
-                                                            SequenceBiasLogitsProcessor)
+        from transformers.generation.logits_process import (
+            LogitsProcessorList,
+            RepetitionPenaltyLogitsProcessor,
+            SequenceBiasLogitsProcessor,
+        )
 
         processors = LogitsProcessorList()
         if self.config.repetition_penalty != 1.0:
