@@ -47,6 +47,7 @@ def run_compiled(name: str, workdir: Path, arguments: dict[str, Any], compiled_d
     if not path.exists():
         raise FileNotFoundError(f"{path} not found: compile the pipelines first (make pipeline)")
     workdir.mkdir(parents=True, exist_ok=True)
+    keep_task_outputs_in_loops()
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(workdir.resolve() / "kfp"),
                raise_on_error=True, enable_caching=cache)
     pipeline = components.load_component_from_file(str(path))
@@ -59,6 +60,29 @@ def run_compiled(name: str, workdir: Path, arguments: dict[str, Any], compiled_d
             os.environ.pop(RUN_ID_ENV, None)
         else:
             os.environ[RUN_ID_ENV] = previous
+
+
+def keep_task_outputs_in_loops() -> None:
+    """kfp.local (2.17) replaces *every* task-output parameter that flows into a ParallelFor with the loop item,
+    not only the loop's items (the compiled YAML is right; a cluster resolves it correctly): e.g. the evaluation
+    prompts' sampling overrides would reach each sample slice as "0/1". Keep such inputs as the YAML says, so
+    kfp.local resolves them from the producing task like any other. Idempotent."""
+    from kfp.local.orchestrator import task_spec_utils
+
+    original = task_spec_utils.create_parameter_loop_iteration_task_spec
+    if getattr(original, "keeps_task_outputs", False):
+        return
+
+    def iteration_spec(task_spec: Any, loop_item: Any, loop_task_name: str) -> Any:
+        spec = original(task_spec, loop_item, loop_task_name)
+        items = task_spec.parameter_iterator.items.input_parameter if task_spec.HasField("parameter_iterator") else ""
+        for name, given in task_spec.inputs.parameters.items():
+            if given.HasField("task_output_parameter") and name != items:
+                spec.inputs.parameters[name].CopyFrom(given)
+        return spec
+
+    iteration_spec.keeps_task_outputs = True  # type: ignore[attr-defined]
+    task_spec_utils.create_parameter_loop_iteration_task_spec = iteration_spec
 
 
 def as_declared(arguments: dict[str, Any], inputs: dict[str, Any]) -> dict[str, Any]:
