@@ -3,6 +3,7 @@ no cell break. The one escaping rule, then the reports of real commands fed a ho
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -56,34 +57,76 @@ def test_a_declared_renderer_sees_only_escaped_strings() -> None:
     assert render({"id": HOSTILE, "n": 2}, suffix="!") == "| &lt;img src=x onerror=alert(1)&gt;&#124;x | 2.0 |!"
 
 
-def test_judge_report_escapes_sample_ids(tmp_path: Path) -> None:
+def _judge(tmp_path: Path) -> list[str]:
+    """An id matching no problem leads the report."""
     samples = jsonl(tmp_path / "s.jsonl", [{"id": pid, "sample": 0, "response": ANSWER, "finish_reason": "stop"}
                                             for pid in ("p0", HOSTILE)])
-    problems = jsonl(tmp_path / "p.jsonl", [{"id": "p0", "answer": "4"}])
-    done = klear("judge", "--samples", samples, "--problems", problems, "--output", str(tmp_path / "out"),
-                  "--config", "tiny")
-    assert done.returncode == 0, done.stderr[-2000:]
-    markdown = (tmp_path / "out" / "report.md").read_text()
-    assert "&lt;img src=x onerror=alert(1)&gt;&#124;x" in markdown  # shown, as text
-    _check_safe(markdown)
+    return ["judge", "--samples", samples, "--problems", jsonl(tmp_path / "p.jsonl", [{"id": "p0", "answer": "4"}])]
 
 
-def test_curate_report_escapes_source_names(tmp_path: Path) -> None:
-    source = jsonl(tmp_path / f"{HOSTILE}.jsonl", [{"prompt": f"Compute {i} times {i} plus one, step by step."}
-                                                    for i in range(3)])
-    done = klear("curate", "--input", source, "--output", str(tmp_path / "out"), "--config", "tiny")
-    assert done.returncode == 0, done.stderr[-2000:]
-    markdown = (tmp_path / "out" / "report.md").read_text()
-    assert "&lt;img" in markdown
-    _check_safe(markdown)
+def _sample(tmp_path: Path) -> list[str]:
+    """The settings table shows the system prompt sent."""
+    prompts = jsonl(tmp_path / "prompts.jsonl", [{"id": HOSTILE, "prompt": "What is 2+2?", "response": ANSWER}])
+    return ["sample", "--prompts", prompts, "--set", "backend=records", "--set", f"system_prompt={HOSTILE}"]
 
 
-def test_sft_data_report_escapes_sources(tmp_path: Path) -> None:
+def _sft_data(tmp_path: Path) -> list[str]:
+    """Sources head table rows."""
     samples = jsonl(tmp_path / "s.jsonl", [{"id": "p0", "sample": 0, "prompt": "2+2?", "response": ANSWER,
                                             "finish_reason": "stop", "source": HOSTILE,
                                             "record": {"id": "p0", "answer": "4"}}])
-    done = klear("sft-data", "--samples", samples, "--output", str(tmp_path / "out"), "--config", "tiny")
-    assert done.returncode == 0, done.stderr[-2000:]
+    return ["sft-data", "--samples", samples]
+
+
+def _rl_filter(tmp_path: Path) -> list[str]:
+    """Sources head table rows; a sample id among no problem is listed."""
+    problems = jsonl(tmp_path / "p.jsonl", [{"id": "p0", "problem": "What is two plus two? Answer with a whole number.",
+                                             "answer": "4", "source": HOSTILE}])
+    samples = jsonl(tmp_path / "s.jsonl", [{"id": pid, "sample": k, "response": ANSWER, "finish_reason": "stop"}
+                                            for pid in ("p0", HOSTILE) for k in range(2)])
+    return ["rl-filter", "--problems", problems, "--samples", samples, "--task", "math"]
+
+
+def _evaluate(tmp_path: Path) -> list[str]:
+    """The notes name sample ids of no benchmark problem."""
+    bench = jsonl(tmp_path / "toy.jsonl", [{"id": pid, "benchmark": "toy", "problem": f"Compute {pid}.", "answer": "4"}
+                                           for pid in ("t1", "t2")])
+    samples = jsonl(tmp_path / "s.jsonl", [{"id": pid, "sample": k, "response": ANSWER, "finish_reason": "stop"}
+                                            for pid in ("t1", "t2", HOSTILE) for k in range(2)])
+    return ["evaluate", "--samples", samples, "--benchmark", bench, "--set", "benchmarks.toy.kind=math",
+            "--set", "benchmarks.toy.k=2", "--set", "benchmarks.toy.title=Toy", "--set", "only=[toy]"]
+
+
+def _curate(tmp_path: Path) -> list[str]:
+    """A source's name (its file's) heads a table row."""
+    source = jsonl(tmp_path / f"{HOSTILE}.jsonl", [{"prompt": f"Compute {i} times {i} plus one, step by step."}
+                                                    for i in range(3)])
+    return ["curate", "--input", source]
+
+
+@pytest.mark.parametrize("command", [_judge, _sample, _sft_data, _rl_filter, _evaluate, _curate],
+                         ids=lambda command: command.__name__.strip("_"))
+def test_every_data_stage_report_shows_hostile_text_as_text(tmp_path: Path, command: Any) -> None:
+    """The real command on inputs holding the hostile value: it reaches report.md, escaped, and breaks no table."""
+    done = klear(*command(tmp_path), "--output", str(tmp_path / "out"), "--config", "tiny")
+    assert done.returncode == 0, done.stderr[-3000:]
     markdown = (tmp_path / "out" / "report.md").read_text()
-    assert "&lt;img" in markdown
-    _check_safe(markdown)
+    assert escape(HOSTILE) in markdown, markdown  # the value is shown, as text
+    _check_safe(re.sub(r"!\[[^\]]*\]\([^)]*\)", "", markdown))  # evaluate's figure links are its own
+
+
+def test_training_reports_escape_their_values() -> None:
+    """sft and gppo write report.md beside the model (no data stage command runs them in seconds): their renderers
+    escape as the data stages' do."""
+    from klear.gppo.report import render_markdown as gppo_markdown
+    from klear.sft.report import render_markdown as sft_markdown
+
+    report = {"data": {"read": 3, "kept": 2, "tokens": 10, "skipped": {HOSTILE: 1}},
+              "training": {"global_step": 1, "max_steps": 1, "resumed_from_step": 0, "epochs": 1.0,
+                           "reward_timeouts": 0, "fill_ratio_min": 1.0},
+              "history": [{"step": 1.0, "reward": 0.5}], "metrics": {HOSTILE: 0.5},
+              "config": {"task": HOSTILE, "loss": "gppo", "eps_low": 0.2, "eps_high": 0.28, "sft_alpha": 0.1}}
+    for render in (sft_markdown, gppo_markdown):
+        markdown = render(report)
+        assert escape(HOSTILE) in markdown
+        _check_safe(markdown)

@@ -64,3 +64,51 @@ def test_sft_data_refuses_a_reference_that_matches_no_prompt(tmp_path: Path) -> 
     assert done.returncode == 2, done.stderr[-2000:]
     assert "none of the 1 teacher prompts" in done.stderr and "wrong --reference" in done.stderr, done.stderr[-2000:]
     assert not (tmp_path / "out").exists()
+
+
+def _math_problems(tmp_path: Path, ids: list[str], **extra: str) -> str:
+    return jsonl(tmp_path / "probs.jsonl", [{"id": pid, "problem": f"What is two plus two, case {pid}? One number.",
+                                             "answer": "4", **extra} for pid in ids])
+
+
+def test_rl_filter_refuses_samples_matching_no_problem(tmp_path: Path) -> None:
+    done = klear("rl-filter", "--problems", _math_problems(tmp_path, ["q0", "q1"]), "--samples",
+                 _samples(tmp_path, ["p0", "p1"]), "--task", "math", "--output", str(tmp_path / "out"), "--config", "tiny")
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "none of the 4 samples" in done.stderr and "belongs to a problem" in done.stderr, done.stderr[-2000:]
+    assert not (tmp_path / "out" / "_MANIFEST.json").exists()
+
+
+def test_rl_filter_refuses_problems_without_ids(tmp_path: Path) -> None:
+    problems = jsonl(tmp_path / "probs.jsonl", [{"problem": "What is two plus two? One number.", "answer": "4"}])
+    done = klear("rl-filter", "--problems", problems, "--samples", _samples(tmp_path, ["probs:1"]), "--task", "math",
+                 "--output", str(tmp_path / "out"), "--config", "tiny")
+    assert done.returncode == 2 and "probs.jsonl:1: field 'id' is missing or empty" in done.stderr, done.stderr
+
+
+def test_rl_filter_reports_unmatched_samples_prominently(tmp_path: Path) -> None:
+    done = klear("rl-filter", "--problems", _math_problems(tmp_path, ["p0"]), "--samples",
+                 _samples(tmp_path, ["p0", "stray"]), "--task", "math", "--output", str(tmp_path / "out"),
+                 "--config", "tiny")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "2 of 4 samples in" in done.stderr and "belong to no problem" in done.stderr, done.stderr[-2000:]
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["orphan_samples"]["count"] == 2 and report["orphan_samples"]["ids"] == ["stray"]
+    markdown = (tmp_path / "out" / "report.md").read_text()
+    assert markdown.index("**Warning: 2 of 4 samples belong to no problem**") < markdown.index("| reason |")
+
+
+def test_sft_data_reports_teacher_prompts_missing_from_the_reference(tmp_path: Path) -> None:
+    teacher = jsonl(tmp_path / "teacher.jsonl", [{"id": pid, "sample": 0, "prompt": "2+2?", "response": ANSWER,
+                                                   "finish_reason": "stop", "record": {"id": pid, "answer": "4"}}
+                                                  for pid in ("p0", "lost")])
+    reference = jsonl(tmp_path / "reference.jsonl", [{"id": "p0", "sample": 0, "response": ANSWER,
+                                                       "finish_reason": "stop", "record": {"id": "p0", "answer": "4"}}])
+    done = klear("sft-data", "--samples", teacher, "--reference", reference, "--output", str(tmp_path / "out"),
+                 "--config", "tiny")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "1 of 2 teacher prompts have no samples in --reference" in done.stderr, done.stderr[-2000:]
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["prompts_missing_from_reference"] == 1 and report["prompts_missing_from_reference_ids"] == ["lost"]
+    markdown = (tmp_path / "out" / "report.md").read_text()
+    assert markdown.index("**Warning: 1 teacher prompts have no samples in the reference**") < markdown.index("## ")

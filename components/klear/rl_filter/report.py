@@ -30,6 +30,12 @@ def render_markdown(report: dict[str, Any]) -> str:
         "",
         f"{t['problems']} problems read, **{t['kept']} kept**, {t['removed']} removed. Rule: {report['rule']}.",
         "",
+    ]
+    orphans = report["orphan_samples"]
+    if orphans["count"]:  # a join that partly failed leads the report (wrong ids, or samples of another set)
+        lines += [f"**Warning: {orphans['count']} of {report['samples_read']} samples belong to no problem** and were "
+                  f"not judged (ids such as {', '.join(orphans['ids'][:5])}): check the problems' id field.", ""]
+    lines += [
         "| reason | problems | meaning |",
         "|---|---|---|",
         *[f"| {r} | {n} | {WHY.get(r, '')} |" for r, n in report["reasons"].items()],
@@ -42,7 +48,6 @@ def render_markdown(report: dict[str, Any]) -> str:
     for source, c in report["per_source"].items():
         why = ", ".join(f"{r} {n}" for r, n in sorted(c.items()) if r not in ("read", "kept"))
         lines.append(f"| {source} | {c.get('read', 0)} | {c.get('kept', 0)} | {why or '-'} |")
-    orphans = report["orphan_samples"]
     lines += [
         "",
         "## Samples",

@@ -195,6 +195,10 @@ def run(problems: str, samples: str, output: str, config: RlFilterConfig, benchm
         if sample_filter.orphans == sample_filter.read:
             raise RlFilterError(f"none of the {sample_filter.read} samples in {samples} belongs to a problem of "
                                 f"{problems} (sample ids such as {sample_filter.orphan_ids[:5]}): wrong --samples?")
+        if sample_filter.orphans:
+            log.warning("%d of %d samples in %s belong to no problem of %s (ids such as %s): not judged; see report.md",
+                        sample_filter.orphans, sample_filter.read, samples, problems,
+                        ", ".join(sample_filter.orphan_ids[:5]))
         for pid, c in by_id.items():
             c.passed, c.samples = first_k_pass_rate(judged.get(pid, ()), config.samples_per_problem)
             c.reason = decide(c.problem.kind or "", c.problem.n_tests, c.passed, c.samples, config)

@@ -63,7 +63,8 @@ def render_markdown(report: dict[str, Any]) -> str:
         lines += ["", "## Failed units", "", "| kind | units |", "|---|---|"]
         lines += [f"| {kind} | {count} |" for kind, count in sorted(failures["by_kind"].items())]
         lines += ["", "First failures (all are in failed/):", ""]
-        lines += [f"- `{u['id']}` #{u['sample']} after {u['attempts']} attempts: {u['error_kind']}: {u['error'][:200]}"
+        # No code span around the id: entities (the escaped id) show literally inside one.
+        lines += [f"- {u['id']} #{u['sample']} after {u['attempts']} attempts: {u['error_kind']}: {u['error'][:200]}"
                   for u in failures["units"][:10]]
     lines.append("")
     return "\n".join(lines)

@@ -20,6 +20,13 @@ def render_markdown(report: dict[str, Any]) -> str:
         f"{d['truncated']} truncated, {d['too_long']} too long, {d['policy']} by the policy. "
         f"{t['unlabelled']} responses are unlabelled (their problem has no answer or tests).",
         "",
+    ]
+    missing = report.get("prompts_missing_from_reference")
+    if report["reference"] and missing:  # a join that partly failed leads the report
+        lines += [f"**Warning: {missing} teacher prompts have no samples in the reference** (ids such as "
+                  f"{', '.join(report.get('prompts_missing_from_reference_ids', [])[:5])}): their difficulty is "
+                  "unknown; check that the reference sampled the same prompts.", ""]
+    lines += [
         "## What each policy keeps",
         "",
         "| policy | records |",

@@ -146,6 +146,11 @@ def run(samples: str, output: str, config: SftDataConfig, reference: str | None 
             raise SftDataError(f"none of the {len(counts.no_reference_ids)} teacher prompts of {samples} has samples "
                                f"in --reference {reference} (prompt ids such as {shown}): every difficulty would be "
                                "unknown; wrong --reference? nothing published")
+        if reference and counts.no_reference_ids:
+            log.warning("%d of %d teacher prompts have no samples in --reference %s (ids such as %s): their difficulty "
+                        "is unknown; see report.md", len(counts.no_reference_ids),
+                        len(counts.no_reference_ids) + len(counts.reference_ids), reference,
+                        ", ".join(sorted(counts.no_reference_ids)[:5]))
         if counts.kept == 0:
             raise SftDataError(f"no record of {samples} was kept ({counts.read} read, dropped {dict(counts.dropped)}): "
                                "nothing published")
@@ -255,6 +260,7 @@ def _report(samples: str, reference: str | None, tokenizer: str | None, ref_repo
         "difficulty": ref_report or {"note": "no --reference: every prompt's difficulty is unknown "
                                               f"(treated as {config.unknown_as})"},
         "prompts_missing_from_reference": len(counts.no_reference_ids),
+        "prompts_missing_from_reference_ids": sorted(counts.no_reference_ids)[:20],
         "length": {"tokenizer": tokenizer, "note": length_note, "max_length": config.max_length,
                    "count": len(all_lengths), "min": all_lengths[0] if all_lengths else None,
                    "median": all_lengths[len(all_lengths) // 2] if all_lengths else None,
