@@ -357,6 +357,20 @@ def open_work_area(out: storage.Uri, area: WorkArea, settings: dict[str, Any], d
         area.write_settings({"hash": digest, "settings": settings, "output": str(out)})
 
 
+def start_engine(stack: contextlib.ExitStack, kind: str, config: SampleConfig, model: str | None, endpoint: str | None,
+                 served_model: str | None, out: storage.Uri, area: WorkArea
+                 ) -> tuple[Backend, dict[str, Any], str, dict[str, Any] | None]:
+    """The backend (closed with `stack`), its settings and their hash, and the output's published state; refuses a
+    published output of other settings."""
+    backend = make_backend(kind, config, model, endpoint, served_model, stack)
+    stack.callback(backend.close)
+    settings = run_settings(backend, config)
+    digest = canonical_hash(settings)
+    published = published_state(out)
+    check_settings(str(out), published, settings, digest, str(out), str(area))
+    return backend, settings, digest, published
+
+
 def run(prompts: Sequence[str], output: str, config: SampleConfig, model: str | None = None,
         endpoint: str | None = None, served_model: str | None = None, work: str | None = None,
         slice_spec: str | None = None, merge: bool = False) -> dict[str, Any]:
@@ -391,12 +405,7 @@ def run(prompts: Sequence[str], output: str, config: SampleConfig, model: str | 
     with contextlib.ExitStack() as stack:
         # One writer per output: a second run (a retried pod while the first still runs) fails here, at once.
         publication = stack.enter_context(checked.open())
-        backend = make_backend(kind, config, model, endpoint, served_model, stack)
-        stack.callback(backend.close)
-        settings = run_settings(backend, config)
-        digest = canonical_hash(settings)
-        published = published_state(out)
-        check_settings(str(out), published, settings, digest, str(out), str(area))
+        backend, settings, digest, published = start_engine(stack, kind, config, model, endpoint, served_model, out, area)
         if published is not None and published["units_digest"] == units_digest and published["failed"] == 0:
             # A retried task whose first try had published: the output is already this run's.
             log.info("%s already holds all %d units of this run under these settings; nothing to do", out, len(wanted))
@@ -472,12 +481,7 @@ def run_slice(part: tuple[int, int], prompts: Sequence[str], out: storage.Uri, a
         except storage.OutputBusyError as exc:
             raise storage.OutputBusyError(f"slice {index}/{count} of {out} is being sampled by another pod: {exc}"
                                           ) from None
-        backend = make_backend(kind, config, model, endpoint, served_model, stack)
-        stack.callback(backend.close)
-        settings = run_settings(backend, config)
-        digest = canonical_hash(settings)
-        published = published_state(out)
-        check_settings(str(out), published, settings, digest, str(out), str(area))
+        backend, settings, digest, published = start_engine(stack, kind, config, model, endpoint, served_model, out, area)
         if published is not None and published["units_digest"] == units_digest and published["failed"] == 0:
             log.info("%s already holds every unit of this run; slice %d/%d has nothing to do", out, index, count)
             return slice_report(part, out, area, backend, digest, total, total, Progress(total, total), [], started)
