@@ -73,7 +73,8 @@ def _math_problems(tmp_path: Path, ids: list[str], **extra: str) -> str:
 
 def test_rl_filter_refuses_samples_matching_no_problem(tmp_path: Path) -> None:
     done = klear("rl-filter", "--problems", _math_problems(tmp_path, ["q0", "q1"]), "--samples",
-                 _samples(tmp_path, ["p0", "p1"]), "--task", "math", "--output", str(tmp_path / "out"), "--config", "tiny")
+                 _samples(tmp_path, ["p0", "p1"]), "--task", "math", "--output", str(tmp_path / "out"),
+                 "--config", "tiny")
     assert done.returncode == 2, done.stderr[-2000:]
     assert "none of the 4 samples" in done.stderr and "belongs to a problem" in done.stderr, done.stderr[-2000:]
     assert not (tmp_path / "out" / "_MANIFEST.json").exists()
@@ -112,3 +113,18 @@ def test_sft_data_reports_teacher_prompts_missing_from_the_reference(tmp_path: P
     assert report["prompts_missing_from_reference"] == 1 and report["prompts_missing_from_reference_ids"] == ["lost"]
     markdown = (tmp_path / "out" / "report.md").read_text()
     assert markdown.index("**Warning: 1 teacher prompts have no samples in the reference**") < markdown.index("## ")
+
+
+def test_problems_without_any_reference_are_refused(tmp_path: Path) -> None:
+    """Ids match, but a wrong answer field leaves every problem without a reference: nothing could be judged."""
+    problems = jsonl(tmp_path / "probs.jsonl", [{"id": f"p{i}", "solution": "4"} for i in range(2)])
+    done = klear("judge", "--samples", _samples(tmp_path, ["p0", "p1"]), "--problems", problems,
+                 "--output", str(tmp_path / "out"), "--config", "tiny")
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "none of the 4 samples" in done.stderr and "has a problem with an answer or tests" in done.stderr
+    assert "probs.jsonl#answer=FIELD&tests=FIELD" in done.stderr, done.stderr[-2000:]
+    assert not (tmp_path / "out" / "_MANIFEST.json").exists()
+    mapped = klear("judge", "--samples", _samples(tmp_path, ["p0", "p1"]), "--problems", f"{problems}#answer=solution",
+                   "--output", str(tmp_path / "out"), "--config", "tiny")
+    assert mapped.returncode == 0, mapped.stderr[-2000:]
+    assert json.loads((tmp_path / "out" / "report.json").read_text())["totals"]["correct"] == 4

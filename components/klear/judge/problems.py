@@ -83,8 +83,8 @@ class Problem:
         return Problem(id, kind, answer, tests, fn_name, source, prompt, hashlib.sha256(ref).hexdigest()[:32])
 
 
-def problem_from_row(row: Mapping[str, Any], task: str = "auto", fields: Mapping[str, str] | None = None,
-                     default_id: str = "") -> Problem | None:
+def problem_from_row(row: Mapping[str, Any], task: str = "auto",
+                     fields: Mapping[str, str] | None = None) -> Problem | None:
     """The problem of a row (a sample's `record`, a curate row, a plain dataset row); None if unreadable.
 
     `fields` maps canonical names (id, prompt, answer, tests, fn_name, source) to the row's own. `task`
@@ -95,7 +95,7 @@ def problem_from_row(row: Mapping[str, Any], task: str = "auto", fields: Mapping
     if flat is None:
         return None
     raw_id = flat.get(fields.get("id", "id"))
-    pid = str(raw_id) if raw_id not in (None, "") else default_id
+    pid = str(raw_id) if raw_id not in (None, "") else ""  # no id: load_problems refuses the row, naming it
     prompt_field = fields.get("prompt")
     prompt = flat.get(prompt_field) if prompt_field else prompt_text(flat)
     raw_answer = flat.get(fields.get("answer", "answer"))

@@ -100,6 +100,10 @@ class _Tally:
         """Samples whose id is not among the problems."""
         return sum(verdicts["unknown_problem"] for verdicts in self.verdicts.values())
 
+    def unreferenced(self) -> int:
+        """Samples whose problem has neither an answer nor tests."""
+        return sum(verdicts["no_reference"] for verdicts in self.verdicts.values())
+
 
 def _judge_batch(table: pa.Table, judge: Judge, problems: Mapping[str, Problem] | None,
                  saved: Mapping[tuple[str, int], tuple[str, dict[str, Any]]],
@@ -167,6 +171,12 @@ def run(samples: str, output: str, config: JudgeConfig, problems: str | None = N
                 f"none of the {tally.samples} samples in {samples} matches a problem of {where} (sample ids such as "
                 f"{', '.join(tally.unknown_examples[:5])}): judging nothing is no result, nothing published; check "
                 "the problems' id field (URI#id=FIELD)")
+        if unmatched + tally.unreferenced() == tally.samples:
+            where = f"the problems of {problems}" if problems else "the samples' records"
+            fields = f"{problems}#answer=FIELD&tests=FIELD" if problems else "an answer or tests field in each record"
+            raise SampleInputError(
+                f"none of the {tally.samples} samples in {samples} has a problem with an answer or tests in {where}: "
+                f"judging nothing is no result, nothing published; check the reference fields ({fields})")
         if unmatched:
             log.warning("%d of %d samples match no problem (ids such as %s): they count as wrong; see report.md",
                         unmatched, tally.samples, ", ".join(tally.unknown_examples[:5]))
