@@ -3,6 +3,7 @@ no cell break. The one escaping rule, then the reports of real commands fed a ho
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -130,3 +131,17 @@ def test_training_reports_escape_their_values() -> None:
         markdown = render(report)
         assert escape(HOSTILE) in markdown
         _check_safe(markdown)
+
+
+def test_sample_failures_show_ids_as_text(tmp_path: Path) -> None:
+    """Failed units are listed outside code spans (where the escaped entities would show literally)."""
+    from klear.sample.report import render_markdown
+
+    done = klear(*_sample(tmp_path), "--output", str(tmp_path / "out"), "--config", "tiny")
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    report["failures"] = {"by_kind": {HOSTILE: 1}, "units": [
+        {"id": HOSTILE, "sample": 0, "attempts": 2, "error_kind": "http", "error": f"{HOSTILE}\nsecond line"}]}
+    markdown = render_markdown(report)
+    assert f"- {escape(HOSTILE)} #0 after 2 attempts: http: {escape(HOSTILE)} second line" in markdown, markdown
+    _check_safe(markdown)

@@ -59,3 +59,30 @@ def test_a_conversation_that_is_not_a_list_of_turns_is_refused(tmp_path: Path) -
     built = klear("sft-data", "--samples", str(samples), "--output", str(tmp_path / "sft"), "--config", "tiny")
     assert built.returncode == 2 and "field 'messages' is not a JSON list" in built.stderr, built.stderr[-3000:]
     assert not (tmp_path / "sft").exists()
+
+
+def test_the_recorded_conversation_is_the_one_the_model_was_given(tiny_model: str, tmp_path: Path) -> None:
+    """On the hf backend (the tiny model): each row's prompt tokens are those of its recorded `messages` through the
+    model's chat template, so the conversation sft-data builds records from (above) is the one the model answered.
+    (sft-data itself is not run here: the random model's responses are cut at max_tokens, and it drops those.)"""
+    from transformers import AutoTokenizer
+
+    earlier = [{"role": "user", "content": "What is 1+1?"}, {"role": "assistant", "content": "It is 2."},
+               {"role": "user", "content": "And 2+2?"}]
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"id": "multi", "messages": earlier, "answer": "4"}) + "\n"
+                       + json.dumps({"id": "single", "prompt": "What is 2+2?", "answer": "4"}) + "\n")
+    sampled = klear("sample", "--prompts", str(prompts), "--model", tiny_model, "--output", str(tmp_path / "teacher"),
+                     "--config", "tiny", "--set", "backend=hf", "--set", "max_tokens=4", "--set", "n=1",
+                     "--set", f"system_prompt={SYSTEM}")
+    assert sampled.returncode == 0, sampled.stderr[-3000:]
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    system = {"role": "system", "content": SYSTEM}
+    rows = {row["id"]: row for row in _rows(tmp_path / "teacher", "samples")}
+    sent = {pid: json.loads(str(row["messages"])) for pid, row in rows.items()}
+    assert sent == {"multi": [system, *earlier], "single": [system, {"role": "user", "content": "What is 2+2?"}]}
+    for pid, row in rows.items():  # the model's count: the whole conversation, not its last turn alone
+        fed = tokenizer(tokenizer.apply_chat_template(sent[pid], add_generation_prompt=True, tokenize=False),
+                        add_special_tokens=False)["input_ids"]
+        assert row["prompt_tokens"] == len(fed), pid
+    assert rows["multi"]["prompt_tokens"] > rows["single"]["prompt_tokens"]
