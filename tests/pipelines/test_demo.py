@@ -13,11 +13,13 @@ from pathlib import Path
 
 import pytest
 
-# Points of pass@1 on the held-out demo benchmark. Measured with these settings (seed 0): base 0.0, SFT 77.1,
-# RL 97.5; SFT over three data/model seeds 66-78 (benchmarks/calibrate_demo.py). The margins keep half of the
-# measured gains, so only a real regression of SFT or RL fails them.
+# Points of pass@1 on the held-out demo benchmark. Measured with these settings (seed 0): base 0.0, SFT 94.6,
+# RL 96.9 (2026-12-04; earlier code: SFT 77.1, RL 97.5; SFT over three data/model seeds 66-78,
+# benchmarks/calibrate_demo.py). SFT must keep a wide margin over the base; RL must remove at least a quarter of
+# the errors SFT leaves (a fixed margin cannot hold when SFT is near 100), so an RL stage that learns nothing or
+# damages the model fails.
 SFT_OVER_BASE = 40.0
-RL_OVER_SFT = 5.0
+RL_SHARE_OF_SFT_ERRORS = 0.25
 
 
 @pytest.mark.slow
@@ -29,7 +31,7 @@ def test_quick_demo_learns(tmp_path: Path, repo_root: Path) -> None:
     base, sft, rl = (summary[label]["pass@1"] for label in ("base", "sft", "rl"))
     assert base <= 1.0, summary
     assert sft >= base + SFT_OVER_BASE, summary
-    assert rl >= sft + RL_OVER_SFT, summary
+    assert rl >= sft + RL_SHARE_OF_SFT_ERRORS * (100.0 - sft), summary
     assert (tmp_path / "report.html").stat().st_size > 10_000
     stages = summary["seconds"]
     assert {"curate", "sample-teacher", "sft-data", "sft", "gppo-math", "gppo-code", "evaluate"} <= set(stages)
