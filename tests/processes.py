@@ -1,9 +1,17 @@
-"""Process checks the worker and reward tests share."""
+"""Process checks the worker and reward tests share, and a server on loopback for the endpoint tests."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import subprocess
 import time
+import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 
 def alive(pid: int) -> bool:
@@ -19,3 +27,33 @@ def gone_soon(pid: int, within_s: float = 3.0) -> bool:
     while alive(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     return not alive(pid)
+
+
+@contextlib.contextmanager
+def served_on_loopback(command: list[str], env: dict[str, str], log: Path, port: int, what: str,
+                       timeout_s: float) -> Iterator[str]:
+    """Start an OpenAI-compatible server (its own process group, output to `log`), wait until its /health
+    answers 200, yield its base URL (…/v1); stop the whole group afterwards. Fails the test, with the log's
+    tail, when the server exits or does not answer in `timeout_s`."""
+    with open(log, "wb") as sink:
+        process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                pass
+            if process.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"{what} did not come up:\n{log.read_text()[-4000:]}")
+            time.sleep(0.5)
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()

@@ -7,10 +7,7 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +18,7 @@ from klear.sample.stage import iter_rows
 from tests.conftest import free_port
 from tests.deploy.helpers import CREDENTIALS, find, merge, render
 from tests.gpu_paths.conftest import VLLM_ENV, klear, write_prompts
+from tests.processes import served_on_loopback
 
 pytestmark = [pytest.mark.vllm_cpu, pytest.mark.slow]
 
@@ -45,29 +43,8 @@ def server(vllm_model: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     port = free_port()
     command, env = teacher_command(vllm_model, port)
     log = tmp_path_factory.mktemp("vllm-server") / "server.log"
-    with open(log, "wb") as sink:
-        process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
-                                   env={**os.environ, **VLLM_ENV, **env})
-    try:
-        deadline = time.monotonic() + 240
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as response:
-                    if response.status == 200:
-                        break
-            except OSError:
-                pass
-            if process.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"the vLLM server did not come up:\n{log.read_text()[-4000:]}")
-            time.sleep(1)
-        yield f"http://127.0.0.1:{port}/v1"
-    finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+    with served_on_loopback(command, {**os.environ, **VLLM_ENV, **env}, log, port, "the vLLM server", 240) as url:
+        yield url
 
 
 def test_the_reasoning_field_is_named_reasoning(server: str) -> None:

@@ -6,25 +6,16 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
-import socket
-import subprocess
 import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from klear.sample.stage import iter_rows, run
+from tests.conftest import free_port
+from tests.processes import served_on_loopback
 from tests.sample.conftest import fast_config, write_prompts
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
@@ -32,34 +23,13 @@ def served(tiny_model: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     binary = Path(sys.executable).parent / "transformers"
     if not binary.exists() and not shutil.which("transformers"):
         pytest.fail("the transformers CLI is missing: install the serve extra (transformers[serving])")
-    port = _free_port()
+    port = free_port()
     log = tmp_path_factory.mktemp("serve") / "serve.log"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(log.parent / "hub")}
     (log.parent / "hub").mkdir()
-    with open(log, "wb") as sink:
-        process = subprocess.Popen([str(binary), "serve", tiny_model, "--host", "127.0.0.1", "--port", str(port),
-                                    "--device", "cpu"], stdout=sink, stderr=subprocess.STDOUT, env=env,
-                                   start_new_session=True)
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as response:
-                    if response.status == 200:
-                        break
-            except OSError:
-                pass
-            if process.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"transformers serve did not come up:\n{log.read_text()[-3000:]}")
-            time.sleep(0.5)
-        yield f"http://127.0.0.1:{port}/v1", tiny_model
-    finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+    command = [str(binary), "serve", tiny_model, "--host", "127.0.0.1", "--port", str(port), "--device", "cpu"]
+    with served_on_loopback(command, env, log, port, "transformers serve", 120) as url:
+        yield url, tiny_model
 
 
 def test_transformers_serve_samples_every_unit_reproducibly(served: tuple[str, str], tmp_path: Path) -> None:
