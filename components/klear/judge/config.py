@@ -29,4 +29,8 @@ class JudgeConfig(StageConfig):
     resume: bool = pydantic.Field(True, description="reuse the scores a crashed run saved under the output")
     rows_per_shard: int = pydantic.Field(100_000, ge=1, description="rows per output Parquet file")
     progress_seconds: float = pydantic.Field(30.0, gt=0, description="interval of progress log lines")
+    # Math accuracy under each of these modes, side by side in the report (the verdicts are verifier.math_mode's):
+    # [strict, official] shows how much of a gap to the paper's Table 1 is the judging rule.
+    report_modes: list[Literal["strict", "official"]] = pydantic.Field(
+        default_factory=list, description="math modes whose accuracy the report shows side by side ([] = only verifier.math_mode)")
     verifier: VerifierConfig = VerifierConfig()

@@ -107,7 +107,9 @@ class Judge:
             pool = self._pool(kind)
             for (i, _, extracted, n_tests), reply in zip(items, pool.run([task for _, task, _, _ in items])):
                 if reply.ok:
-                    results[i] = Judgement(**{**reply.value, "extracted": extracted})
+                    # official math: the parent extracted nothing, the worker's math-verify did
+                    results[i] = Judgement(**{**reply.value, "extracted": extracted if extracted is not None
+                                              else reply.value.get("extracted")})
                 else:
                     total = 0 if kind == "math" else n_tests
                     verdict = "budget_timeout" if reply.status == "timeout" else "scorer_error"

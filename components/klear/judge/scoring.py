@@ -1,6 +1,10 @@
 """How one sample is judged: what the parent decides alone (pure), and the scorer a worker process runs.
 
-The parent extracts the answer (math: the last box after `</think>`) or the program (code: the last fenced
+Math has two modes (verifier.math_mode): strict, below, and official (the released judge_math.py): the whole
+response goes to a worker, math-verify extracts its last box anywhere (else its last number), and the finish
+reason is ignored, so a truncated response whose last box is right is right.
+
+The parent extracts the answer (math, strict: the last box after `</think>`) or the program (code: the last fenced
 python block after `</think>`) and decides every sample that needs no verifier: truncated, no box, no
 program, no reference. Only the rest go to worker processes, as small tasks (gold + extracted answer, or
 program + tests), where math-verify's SIGALRM timeouts work and a stuck scorer can be killed.
@@ -28,7 +32,7 @@ from typing import Any
 from klear.judge.problems import Problem
 from klear.verifiers.code_verifier import CodeResult, TestCase, extract_program, process_verifier, select_tests
 from klear.verifiers.config import VerifierConfig
-from klear.verifiers.math_verifier import extract_answer, judge
+from klear.verifiers.math_verifier import extract_answer, judge, judge_official
 
 __all__ = ["FAILED_VERDICTS", "Judgement", "code_judgement", "prepare", "score_task"]
 
@@ -60,6 +64,9 @@ def prepare(response: str, finish_reason: str | None, problem: Problem | None,
         return Judgement("none", False, 0.0, "no_reference")
     kind = problem.kind
     total = len(select_tests(problem.n_tests, verifier.max_tests, problem.id)) if kind == "code" else 0
+    if kind == "math" and verifier.math_mode == "official":  # released judge_math.py: whole response, any finish
+        assert problem.answer is not None
+        return {"kind": "math", "gold": problem.answer, "answer": response, "official": True}, None
     if finish_reason == "length":  # cut at max tokens: wrong even if a box happens to be there
         return Judgement(kind, False, 0.0, "truncated", 0, total)
     if kind == "math":
@@ -101,6 +108,12 @@ def score_task(task: Mapping[str, Any], verifier: VerifierConfig) -> dict[str, A
     Returns Judgement fields (kind, correct, score, verdict, passed, total). Raises on malformed tasks
     (e.g. a functional test without fn_name): the pool counts that sample as scorer_error.
     """
+    if task["kind"] == "math" and task.get("official"):
+        try:
+            ok, extracted = judge_official(task["gold"], task["answer"], timeout=verifier.math_timeout_s)
+        except Exception:  # noqa: BLE001 - as the released judge: what math-verify cannot handle is wrong
+            return Judgement("math", False, 0.0, "judge_error").to_dict()
+        return Judgement("math", ok, 1.0 if ok else 0.0, "correct" if ok else "wrong", extracted=extracted).to_dict()
     if task["kind"] == "math":
         try:
             ok = judge(task["gold"], task["answer"], boxed=task["boxed"], timeout=verifier.math_timeout_s)

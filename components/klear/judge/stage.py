@@ -34,6 +34,7 @@ from klear.common.records import ParquetShardWriter
 from klear.common.sample_rows import SampleInputError, iter_sample_tables
 from klear.judge.config import JudgeConfig
 from klear.judge.io import JUDGE_COLUMNS, ScoreStore, fingerprint, judgement_columns, settings_key
+from klear.judge.modes import ModeComparison
 from klear.judge.plots import histogram_png
 from klear.judge.pool import Judge, resolve_problems
 from klear.judge.problems import Problem, ProblemError, load_problems
@@ -138,6 +139,7 @@ def run(samples: str, output: str, config: JudgeConfig, problems: str | None = N
     sampled_under = sample_settings_of(samples)
     tally = _Tally()
     with checked.open() as out, Judge(config) as judge:
+        modes = ModeComparison(config)  # closes its own judges in summary() (and at exit)
         staging = out.staging
         store = ScoreStore(output, settings_key(config)) if config.resume else None
         saved = store.load() if store is not None else {}
@@ -147,6 +149,8 @@ def run(samples: str, output: str, config: JudgeConfig, problems: str | None = N
             table = table.drop_columns([c for c in JUDGE_COLUMNS if c in table.column_names])
             judgements, reused = _judge_batch(table, judge, problem_map, saved, store, out.lease)
             tally.reused += reused
+            mode_rows = table.select([c for c in _ROW_FIELDS if c in table.column_names]).to_pylist() if modes.judges else []
+            modes.add(mode_rows, resolve_problems(mode_rows, problem_map, config.task) if mode_rows else [], judgements)
             for row_id, j in zip(table.column("id").to_pylist(), judgements):
                 tally.add(row_id, j)
             for name, column in judgement_columns(judgements).items():
@@ -188,6 +192,7 @@ def run(samples: str, output: str, config: JudgeConfig, problems: str | None = N
         elapsed = time.monotonic() - started
         report = _report(samples, problems, config, tally, rates, judge, elapsed)
         report["sample_settings"] = sampled_under
+        report["math_mode"], report["math_modes"] = config.verifier.math_mode, modes.summary()
         histogram_png(staging / "pass_rate_hist.png",
                       {kind: [r.pass_rate for r in rates if r.kind == kind and r.pass_rate is not None]
                        for kind in ("math", "code")},

@@ -16,6 +16,10 @@ class VerifierConfig(StageConfig):
     preset_package: ClassVar[str] = "klear.verifiers"
 
     # --- math ---
+    # strict: the last \boxed{} after `think_end`, truncated responses wrong (the harness's own rule).
+    # official: as the released benchmarks/judge_math.py: math-verify over the whole response (thought included),
+    # its last \boxed{} anywhere, else its last number; the finish reason ignored. The settings below are strict's.
+    math_mode: Literal["strict", "official"] = "strict"
     think_end: str = THINK_CLOSE  # judge only what follows the last one; "" judges the whole response
     require_think_end: bool = True  # without it (cut at max tokens) the response is wrong
     require_box: bool = True  # no \boxed{} -> wrong (else fall back to math-verify's last number)

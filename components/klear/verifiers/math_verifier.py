@@ -15,7 +15,7 @@ from klear.common.parallel import resolve_workers
 from klear.common.workers import WorkerPool
 from klear.verifiers.config import VerifierConfig
 
-__all__ = ["Extraction", "MathResult", "MathVerifier", "extract_answer", "find_boxes", "format_ok"]
+__all__ = ["Extraction", "MathResult", "MathVerifier", "extract_answer", "find_boxes", "format_ok", "judge_official"]
 
 _BOX_COMMANDS = ("\\boxed", "\\fbox")
 START_TIMEOUT_S = 60.0  # a worker imports math-verify (and sympy) before it says ready
@@ -150,6 +150,21 @@ def judge(gold: str, answer: str, boxed: bool, timeout: int) -> bool:
     return bool(verify(gold_parsed, pred, timeout_seconds=timeout))
 
 
+def judge_official(gold: str, response: str, timeout: int) -> tuple[bool, str | None]:
+    """The released judge_math.py's verdict on a whole response: math-verify parses all of it (the thought too;
+    its extraction takes the last \\boxed{} anywhere, else the last number), a string match with the gold first,
+    then math-verify's equivalence. Returns (correct, the answer math-verify extracted or None)."""
+    from math_verify import parse, verify
+
+    pred = parse(response, parsing_timeout=timeout)
+    if len(pred) < 2:  # nothing extracted
+        return False, None
+    extracted, gold = str(pred[1]), gold.strip()
+    if extracted == gold:
+        return True, extracted
+    return bool(verify(parse(f"\\boxed{{{gold}}}", parsing_timeout=timeout), pred, timeout_seconds=timeout)), extracted
+
+
 # --- the pool ------------------------------------------------------------------------------------------
 @dataclass
 class MathResult:
@@ -179,9 +194,14 @@ class MathVerifier:
         """Judge (response, gold) pairs; results in the same order."""
         c = self.config
         results: list[MathResult] = []
-        todo: list[tuple[str, str, bool]] = []  # (gold, answer, boxed) for the workers to judge
+        todo: list[tuple[str, str, bool | None]] = []  # (gold, answer, boxed) for the workers to judge
         judged: list[MathResult] = []
         for response, gold in items:
+            if c.math_mode == "official":  # the whole response; math-verify extracts (boxed None tells the worker)
+                results.append(MathResult(False, None, "official", format_ok(response)))
+                todo.append((gold, response, None))
+                judged.append(results[-1])
+                continue
             ext = extract_answer(response, c.think_end, c.require_think_end, c.require_box, c.reject_conflicting_boxes)
             result = MathResult(False, ext.answer, ext.reason, format_ok(response))
             results.append(result)
@@ -190,7 +210,10 @@ class MathVerifier:
                 judged.append(result)
         for result, reply in zip(judged, self._pool.run(todo)):
             if reply.ok:
-                result.correct, result.reason = bool(reply.value), "correct" if reply.value else "wrong"
+                verdict = reply.value
+                if isinstance(verdict, (list, tuple)):  # official: (verdict, what math-verify extracted)
+                    verdict, result.extracted = verdict
+                result.correct, result.reason = bool(verdict), "correct" if verdict else "wrong"
             else:  # a stalled judgement was killed (timeout), or math-verify raised (error): wrong either way
                 result.correct, result.reason = False, reply.status
         return results
