@@ -27,6 +27,7 @@ COMMANDS = {
     "evaluate-prompts": "klear.evaluate.stage",
     "verify-math": "klear.verifiers.cli",
     "verify-code": "klear.verifiers.cli",
+    "lineage": "klear.common.lineage",  # a tool, not a stage: reads manifests only
 }
 
 

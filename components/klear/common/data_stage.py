@@ -34,7 +34,7 @@ from klear.common import storage
 Report = dict[str, Any]
 # role (what the stage calls the input: "samples", "benchmark") -> one URI, several, or none
 Inputs = Mapping[str, "str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | None"]
-RESERVED_META = ("stage", "inputs")
+RESERVED_META = ("stage", "inputs", "lineage")
 
 
 def input_lists(inputs: Inputs) -> dict[str, list[str]]:
@@ -112,12 +112,15 @@ class Publication:
         if render is not None:
             (self.staging / "report.md").write_text(render(report))
 
-    def publish(self, report: Report, meta: Mapping[str, Any] | None = None) -> storage.Manifest:
-        """Write the report, then publish the staging folder, manifest last, its meta naming the stage and inputs."""
+    def publish(self, report: Report, meta: Mapping[str, Any] | None = None,
+                config: Mapping[str, Any] | None = None) -> storage.Manifest:
+        """Write the report, then publish the staging folder, manifest last, its meta naming the stage and inputs,
+        its lineage the stage's full `config` (default: the report's `config`)."""
         taken = sorted(set(RESERVED_META) & set(meta or {}))
         if taken:
             raise ValueError(f"manifest meta keys {taken} are the skeleton's (stage name, inputs)")
         self.write_report(report)
         stage = self.output.stage.name
         return storage.publish_dir(self.staging, self.output.uri,
-                                   meta={"stage": stage, **(meta or {}), "inputs": self.output.inputs})
+                                   meta={"stage": stage, **(meta or {}), "inputs": self.output.inputs,
+                                         "lineage": {"config": config if config is not None else report.get("config")}})

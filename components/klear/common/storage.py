@@ -793,10 +793,25 @@ def publish_dir(local_dir: str | Path, dest: str | Uri, meta: dict[str, Any] | N
             upload_file(root / rel, loc.join(rel))
         _remove_unlisted(loc, entries)
         lease.verify()  # a writer that lost its lease must not publish over its successor
-        manifest = Manifest(files=entries, meta=dict(meta or {}), created=_now(), run_id=lease.run_id)
+        manifest = Manifest(files=entries, meta=_with_lineage(loc, meta), created=_now(), run_id=lease.run_id)
         write_bytes(loc.join(MANIFEST_NAME), manifest.to_json())
         lease.dirty = False
     return manifest
+
+
+def _with_lineage(loc: Uri, meta: dict[str, Any] | None) -> dict[str, Any]:
+    """`meta` with `lineage` completed (klear.common.lineage.record): the caller may give its `config`; the inputs are
+    those check_writes was given for this output (or the output it lies in: a checkpoint's are its run's)."""
+    from klear.common import lineage  # it reads manifests through this module
+
+    meta = dict(meta or {})
+    given = dict(meta.get("lineage") or {})
+    key = next((key for key in _enclosing_keys(loc) if key in _READS), None)
+    records = _READ_RECORDS.get(key) if key else []
+    if records is None and key:  # digested once per run: every checkpoint of a training run shares them
+        records = _READ_RECORDS[key] = lineage.input_records(_READS[key])
+    meta["lineage"] = {**lineage.record(records or [], given.get("config")), **given}
+    return meta
 
 
 def content_digest(uri: str | Uri) -> str:
@@ -900,6 +915,21 @@ def note_input(uri: str) -> None:
     _NOTED_INPUTS.add(str(uri))
 
 
+# Output location -> the inputs its run declared to check_writes: the lineage publish_dir records for it.
+_READS: dict[tuple[str, str, str], list[str]] = {}
+_READ_RECORDS: dict[tuple[str, str, str], list[dict[str, Any]]] = {}  # their digests, taken at the first publish
+
+
+def _location_key(loc: Uri) -> tuple[str, str, str]:
+    return (loc.scheme, loc.bucket, loc.path.rstrip("/"))
+
+
+def _enclosing_keys(loc: Uri) -> list[tuple[str, str, str]]:
+    """`loc` and every folder above it, nearest first."""
+    parts = loc.path.rstrip("/").split("/")
+    return [(loc.scheme, loc.bucket, "/".join(parts[:end])) for end in range(len(parts), 0, -1)]
+
+
 def check_writes(writes: Sequence[Write], inputs: Sequence[str] = ()) -> list[Uri]:
     """Fail in seconds, before any work, if a run could not safely write every one of `writes`:
 
@@ -933,6 +963,8 @@ def check_writes(writes: Sequence[Write], inputs: Sequence[str] = ()) -> list[Ur
             _probe_local(out)
         if write.published:
             _refuse_foreign(out, write.stage, write.role)
+        _READS[_location_key(out)] = list(inputs)  # what its manifest will name as its inputs
+        _READ_RECORDS.pop(_location_key(out), None)
     return parsed
 
 
