@@ -1,6 +1,7 @@
 """Entry point of the judge stage: per-sample correctness and per-problem pass rates.
 
     klear judge --samples URI --output URI [--problems URI[#id=..&answer=..&tests=..]] [--config paper|tiny|FILE]
+                [--work URI] [--slice I/N | --merge]
 
 Scores every sample row of `klear sample` against its problem: math on the last \\boxed{} after </think>
 against the reference `answer` (math-verify), code by running the last ```python block on the problem's
@@ -15,23 +16,36 @@ counted, a crashing scorer is counted, the rest goes on. Publishes
 
 atomically (manifest last). Resumable: scores are saved under the output chunk by chunk, keyed by (id, sample)
 and a fingerprint of response, reference and settings; a restart judges only what is missing.
+
+Over many pods: `--slice I/N` judges only the samples whose id hashes into slice I of N (the rule sampling
+slices by, klear.common.slices), saving their scores in the work area every slice shares (default
+<output>.work: _scores/<settings key>/) and its part (counts, settings, input digest) in
+<work>/slices/I-of-N/part.json; it publishes nothing (one pod per slice: that folder is its lease). `--merge`,
+with the same flags, judges nothing: once every slice of N has left its part for these settings and inputs, it
+writes the output from the saved scores in the samples' order (the rows and figures an unsliced run gives) and
+publishes; a missing part or a sample no slice judged is named and refused.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import logging
+import re
 import time
 from collections import Counter, defaultdict
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
 from klear.common import storage
-from klear.common.data_stage import DataStage
+from klear.common.data_stage import DataStage, StageOutput
 from klear.common.records import ParquetShardWriter
 from klear.common.sample_rows import SampleInputError, iter_sample_tables
+from klear.common.slices import parse_slice, slice_folder, slice_of, work_beside
 from klear.judge.config import JudgeConfig
 from klear.judge.io import JUDGE_COLUMNS, ScoreStore, fingerprint, judgement_columns, settings_key
 from klear.judge.modes import ModeComparison
@@ -106,7 +120,7 @@ class _Tally:
         return sum(verdicts["no_reference"] for verdicts in self.verdicts.values())
 
 
-def _judge_batch(table: pa.Table, judge: Judge, problems: Mapping[str, Problem] | None,
+def _judge_batch(table: pa.Table, judge: Judge | SliceScores, problems: Mapping[str, Problem] | None,
                  saved: Mapping[tuple[str, int], tuple[str, dict[str, Any]]],
                  store: ScoreStore | None, lease: storage.OutputLease) -> tuple[list[Judgement], int]:
     """Judgements of one batch, reusing saved ones whose fingerprint still matches; saves the new ones."""
@@ -131,18 +145,33 @@ def _judge_batch(table: pa.Table, judge: Judge, problems: Mapping[str, Problem] 
     return [j for j in out if j is not None], len(rows) - len(todo)
 
 
-def run(samples: str, output: str, config: JudgeConfig, problems: str | None = None) -> dict[str, Any]:
-    """Judge the samples at `samples` and publish to `output`; returns the report."""
+def run(samples: str, output: str, config: JudgeConfig, problems: str | None = None, work: str | None = None,
+        slice_spec: str | None = None, merge: bool = False) -> dict[str, Any]:
+    """Judge the samples at `samples` and publish to `output`; returns the report.
+
+    `slice_spec` "I/N": judge only the samples of slice I of N into the work area, publish nothing (run_slice);
+    `merge`: judge nothing, publish from the slices' scores once every slice's part is there."""
     started = time.monotonic()
-    checked = STAGE.check(output, {"samples": samples, "problems": problems})
+    if slice_spec is not None and merge:
+        raise ValueError("--slice and --merge exclude each other: slices judge, the merge publishes")
+    part = parse_slice(slice_spec) if slice_spec is not None else None
+    sliced = part is not None or merge
+    work_uri = str(work or work_beside(storage.Uri.parse(output))) if sliced else None
+    checked = STAGE.check(output, {"samples": samples, "problems": problems}, work=work_uri,
+                          role="--output" if sliced else "output")
     problem_map = load_problem_map(problems, config.task) if problems else None
+    if part is not None:
+        return run_slice(part, samples, problems, checked, config, problem_map, started)
     sampled_under = sample_settings_of(samples)
     tally = _Tally()
-    with checked.open() as out, Judge(config) as judge:
+    merged = SliceScores.open(checked, config, inputs_digest(samples, problems)) if merge else None
+    if merged is not None and merged.published is not None:
+        return merged.published  # a retried merge whose first try had published
+    with checked.open() as out, merged or Judge(config) as judge:
         modes = ModeComparison(config)  # closes its own judges in summary() (and at exit)
         staging = out.staging
-        store = ScoreStore(output, settings_key(config)) if config.resume else None
-        saved = store.load() if store is not None else {}
+        store = ScoreStore(output, settings_key(config)) if config.resume and merged is None else None
+        saved = merged.saved if merged is not None else store.load() if store is not None else {}
         writer: ParquetShardWriter | None = None
         last_log = time.monotonic()
         for origin, table in iter_sample_tables(samples, config.chunk_size):
@@ -166,6 +195,9 @@ def run(samples: str, output: str, config: JudgeConfig, problems: str | None = N
                 last_log = time.monotonic()
                 log.info("%d samples judged (%d reused), %.1f samples/s", tally.samples, tally.reused,
                          tally.samples / (last_log - started))
+        if merged is not None:
+            merged.check_complete(tally.samples)
+            tally.reused = merged.reused
         if writer is None or tally.samples == 0:
             raise SampleInputError(f"{samples} holds no sample rows: nothing to judge, nothing published")
         unmatched = tally.unmatched()
@@ -197,14 +229,20 @@ def run(samples: str, output: str, config: JudgeConfig, problems: str | None = N
                       {kind: [r.pass_rate for r in rates if r.kind == kind and r.pass_rate is not None]
                        for kind in ("math", "code")},
                       bins=[i / 10 for i in range(11)], title="Pass rate per problem", xlabel="pass rate")
-        out.publish(report, {"samples": tally.samples, "problems": len(rates), "settings_key": settings_key(config),
-                             "sample_settings": sampled_under})
+        meta = {"samples": tally.samples, "problems": len(rates), "settings_key": settings_key(config),
+                "sample_settings": sampled_under}
+        if merged is not None:
+            report["slices"] = merged.slices
+            meta |= {"inputs_digest": merged.digest, "slices": len(merged.slices)}
+        out.publish(report, meta)
+    if merged is not None:
+        merged.delete_work()
     log.info("published %s: %d samples of %d problems judged (%.1f s)", output, tally.samples, len(rates), elapsed)
     return report
 
 
-def _report(samples: str, problems: str | None, config: JudgeConfig, tally: _Tally, rates: list[Any], judge: Judge,
-            elapsed: float) -> dict[str, Any]:
+def _report(samples: str, problems: str | None, config: JudgeConfig, tally: _Tally, rates: list[Any],
+            judge: Judge | SliceScores, elapsed: float) -> dict[str, Any]:
     per_kind = {}
     for kind, verdicts in sorted(tally.verdicts.items()):
         n, correct = sum(verdicts.values()), verdicts["correct"]
@@ -234,6 +272,161 @@ def _report(samples: str, problems: str | None, config: JudgeConfig, tally: _Tal
     }
 
 
+# --------------------------------------------------------------------------- slices and their merge
+
+
+class MergeIncompleteError(RuntimeError):
+    """A slice of the run has not left its part, or samples no slice judged: the merge publishes nothing."""
+
+
+_PART = re.compile(r"([0-9]+)-of-([0-9]+)/part\.json")
+
+
+def inputs_digest(samples: str, problems: str | None) -> str:
+    """The content of what the slices judge (samples and problems): a merge takes only parts of the same."""
+    from klear.common.kfp_io import inputs_digest as digest
+
+    return digest([samples, problems or ""])
+
+
+def run_slice(part: tuple[int, int], samples: str, problems: str | None, checked: StageOutput, config: JudgeConfig,
+              problem_map: Mapping[str, Problem] | None, started: float) -> dict[str, Any]:
+    """Judge the samples of slice I of N, saving their scores in the shared work area, then leave the slice's
+    part for the merge; publish nothing. One pod per slice: the slice's folder is its lease."""
+    index, count = part
+    assert checked.work is not None
+    where = slice_folder(checked.work, index, count)
+    key = settings_key(config)
+    with contextlib.ExitStack() as stack:
+        try:  # a second pod on the same slice fails here, at once; other slices run beside it
+            lease = stack.enter_context(storage.claim_output(where))
+        except storage.OutputBusyError as exc:
+            raise storage.OutputBusyError(f"slice {index}/{count} of {checked.uri} is being judged by another pod: "
+                                          f"{exc}") from None
+        digest = inputs_digest(samples, problems)
+        judge = stack.enter_context(Judge(config))
+        store = ScoreStore(str(checked.work), key)  # always saved: the merge reads them
+        saved = store.load() if config.resume else {}
+        judged = reused = read = 0
+        last_log = time.monotonic()
+        for _, table in iter_sample_tables(samples, config.chunk_size):
+            read += table.num_rows
+            mine = pa.array([slice_of(str(i), count) == index for i in table.column("id").to_pylist()], pa.bool_())
+            table = table.filter(mine)
+            if table.num_rows == 0:
+                continue
+            table = table.drop_columns([c for c in JUDGE_COLUMNS if c in table.column_names])
+            judgements, hits = _judge_batch(table, judge, problem_map, saved, store, lease)
+            judged, reused = judged + len(judgements), reused + hits
+            if time.monotonic() - last_log >= config.progress_seconds:
+                last_log = time.monotonic()
+                log.info("slice %d/%d: %d samples judged (%d reused) of %d read", index, count, judged, reused, read)
+        report = {"stage": "judge", "slice": f"{index}/{count}", "published": False, "output": str(checked.uri),
+                  "work": str(checked.work), "settings_key": key, "inputs_digest": digest,
+                  "samples": judged, "reused": reused, "read": read, "workers": judge.workers,
+                  "budget_timeouts": judge.timeouts, "scorer_errors": judge.errors,
+                  "elapsed_s": round(time.monotonic() - started, 3)}
+        # Last: a slice whose part is there has saved every score of its samples.
+        storage.write_bytes(where.join("part.json"), json.dumps(report, indent=2).encode())
+    log.info("slice %d/%d of %s: %d samples judged (%d reused); the merge publishes", index, count, checked.uri,
+             judged, reused)
+    return report
+
+
+def complete_count(parts: Mapping[int, Mapping[int, Any]]) -> int:
+    """The slice count N whose every part 0..N-1 is there (the largest, when several are); a MergeIncompleteError
+    naming the missing slices of the count nearest to complete otherwise. `parts`: N -> index -> part."""
+    complete = [n for n, got in parts.items() if set(got) == set(range(n))]
+    if complete:
+        return max(complete)
+    if not parts:
+        raise MergeIncompleteError("no slice has judged these samples under these settings yet")
+    n = max(parts, key=lambda c: (len(parts[c]) / c, c))
+    missing = [f"{i}/{n}" for i in range(n) if i not in parts[n]]
+    raise MergeIncompleteError(f"{len(missing)} of {n} slices have left no part ({', '.join(missing[:10])}"
+                               f"{' ...' if len(missing) > 10 else ''}): they have not finished")
+
+
+class SliceScores:
+    """The merge's judge: judges nothing, answers from the scores the slices saved, and counts the samples no
+    slice judged (under these settings, for this response and reference) so the merge can refuse, naming them."""
+
+    def __init__(self, config: JudgeConfig, work: storage.Uri, parts: list[dict[str, Any]], digest: str,
+                 published: dict[str, Any] | None = None):
+        self.config, self.work, self.parts, self.digest, self.published = config, work, parts, digest, published
+        self.count = int(parts[0]["slice"].split("/")[1]) if parts else 0
+        self.workers = max((int(p["workers"]) for p in parts), default=0)
+        self.reused = sum(int(p["reused"]) for p in parts)
+        self.slices = {p["slice"]: {"samples": p["samples"], "reused": p["reused"]} for p in parts}
+        self.saved: dict[tuple[str, int], tuple[str, dict[str, Any]]] = {}
+        self.missing: list[tuple[str, int]] = []
+        self.missing_count = 0
+
+    @classmethod
+    def open(cls, checked: StageOutput, config: JudgeConfig, digest: str) -> SliceScores:
+        """The finished parts of one slice count for these settings and inputs, and their scores; a published
+        output of the same settings and inputs is returned as `published` (nothing left to merge)."""
+        assert checked.work is not None
+        key = settings_key(config)
+        try:
+            meta = storage.read_manifest(checked.uri).meta
+        except storage.UnpublishedOutputError:
+            meta = {}
+        if meta.get("stage") == "judge" and meta.get("settings_key") == key and meta.get("inputs_digest") == digest:
+            log.info("%s already holds the merge of these samples under these settings", checked.uri)
+            return cls(config, checked.work, [], digest, dict(json.loads(storage.read_bytes(
+                checked.uri.join("report.json")))))
+        parts: dict[int, dict[int, dict[str, Any]]] = {}
+        for rel in storage.list_files(checked.work.join("slices")):
+            found = _PART.fullmatch(rel)
+            if found is None:
+                continue
+            part = json.loads(storage.read_bytes(checked.work.join("slices", rel)))
+            if part.get("settings_key") == key and part.get("inputs_digest") == digest:
+                parts.setdefault(int(found[2]), {})[int(found[1])] = part
+        try:
+            count = complete_count(parts)
+        except MergeIncompleteError as exc:
+            raise MergeIncompleteError(f"{checked.work}: {exc}. Run `klear judge ... --slice I/N` with the same "
+                                       "flags for each of them, then merge; nothing published") from None
+        merged = cls(config, checked.work, [parts[count][i] for i in range(count)], digest)
+        merged.saved = ScoreStore(str(checked.work), key).load()
+        return merged
+
+    def __enter__(self) -> SliceScores:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def judge(self, rows: list[dict[str, Any]], problems: list[Problem | None]) -> list[Judgement]:
+        self.missing_count += len(rows)
+        self.missing += [(str(r["id"]), int(r["sample"])) for r in rows[: max(0, 5 - len(self.missing))]]
+        return [Judgement("none", False, 0.0, "not_judged") for _ in rows]
+
+    def check_complete(self, samples: int) -> None:
+        if not self.missing_count:
+            return
+        shown = ", ".join(f"{i}#{j} (slice {slice_of(i, self.count)}/{self.count})" for i, j in self.missing)
+        raise MergeIncompleteError(
+            f"{self.missing_count} of {samples} samples were judged by no slice under these settings for their "
+            f"current response and reference ({shown}{' ...' if self.missing_count > len(self.missing) else ''}): "
+            f"rerun those slices, then merge; nothing published")
+
+    def delete_work(self) -> None:
+        """Remove the slices' scores and parts once published (the work area's other files are not ours)."""
+        for rel in storage.list_files(self.work):
+            if rel.startswith((f"{ScoreStore.FOLDER}/", "slices/")):
+                storage.delete(self.work.join(rel))
+        if not self.work.is_s3:  # local folders outlive their files; remove the emptied ones only
+            root = Path(self.work.path)
+            for folder in sorted((p for p in root.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+                with contextlib.suppress(OSError):
+                    folder.rmdir()
+            with contextlib.suppress(OSError):
+                root.rmdir()
+
+
 # --------------------------------------------------------------------------- CLI
 
 
@@ -244,5 +437,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--output", required=True, metavar="URI", help="output location (path, file:// or s3://)")
     parser.add_argument("--problems", default=None, metavar="URI",
                         help="problems by id, URI[#id=F&answer=F&tests=F&fn_name=F] (default: each sample's record)")
-    STAGE.add_main(parser, lambda args, config: run(args.samples, args.output, config, args.problems),
-                   lambda report: report["totals"])
+    parser.add_argument("--work", metavar="URI", help="work area the slices and their merge share (default: <output>.work)")
+    parser.add_argument("--slice", metavar="I/N", dest="slice_spec",
+                        help="judge only slice I of N (0 <= I < N, by a hash of the sample id) into the work area, "
+                             "publishing nothing; one pod per slice")
+    parser.add_argument("--merge", action="store_true",
+                        help="judge nothing: publish the slices' judgements once every slice of N has left its part")
+    STAGE.add_main(parser, lambda args, config: run(args.samples, args.output, config, args.problems, work=args.work,
+                                                    slice_spec=args.slice_spec, merge=args.merge),
+                   lambda report: report.get("totals") or {k: report[k] for k in ("slice", "samples", "reused")})

@@ -17,6 +17,8 @@ from typing import Any
 import orjson
 
 from klear.common.records import Located, RecordError, Source
+from klear.common.slices import parse_slice as parse_slice  # shared with judging: one slice rule everywhere
+from klear.common.slices import slice_of as slice_of
 
 
 class DuplicatePromptError(RecordError):
@@ -167,22 +169,3 @@ def wanted_keys(prompts: Iterable[Prompt], counts: Iterable[int]) -> dict[tuple[
     """Every unit of this run -> the prompt hash it must carry: what the published output may hold."""
     return {(p.id, j): p.hash for p, count in zip(prompts, counts, strict=True) for j in range(count)}
 
-
-def slice_of(prompt_id: str, count: int) -> int:
-    """The slice (0 .. count-1) a prompt belongs to: from its id alone, so it is the same on every pod and run;
-    its units keep their keys whatever `count` is, so a rerun with another count reuses every unit done."""
-    if count < 1:
-        raise ValueError(f"slice count must be >= 1, got {count}")
-    return int.from_bytes(hashlib.sha256(prompt_id.encode()).digest()[:8], "big") % count
-
-
-def parse_slice(text: str) -> tuple[int, int]:
-    """`I/N` (0 <= I < N) as (I, N); an error naming the form otherwise."""
-    index, sep, count = text.partition("/")
-    try:
-        parsed = (int(index), int(count)) if sep else None
-    except ValueError:
-        parsed = None
-    if parsed is None or not 0 <= parsed[0] < parsed[1]:
-        raise ValueError(f"--slice {text!r}: expected I/N with 0 <= I < N, e.g. 0/4")
-    return parsed
