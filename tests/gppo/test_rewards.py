@@ -89,15 +89,15 @@ def _code_result(passed: int, total: int, program_found: bool = True) -> CodeRes
 
 
 def test_code_outcome_filter_key() -> None:
-    on_all_passed = RewardConfig(filter_code_on_all_passed=True)
-    partial = code_outcome(GOOD, _code_result(2, 3), PAPER)
+    on_all_passed = RewardConfig(filter_on="accuracy")
+    partial = code_outcome(GOOD, _code_result(2, 3), RewardConfig(filter_on="reward"))
     assert (partial.reward, partial.filter_key, partial.correct, partial.reason) == (
         pytest.approx(2 / 3), pytest.approx(2 / 3), False, "wrong")
     partial = code_outcome(GOOD, _code_result(2, 3), on_all_passed)
     assert (partial.reward, partial.filter_key) == (pytest.approx(2 / 3), 0.0)
     full = code_outcome(GOOD, _code_result(3, 3), on_all_passed)
     assert (full.reward, full.filter_key, full.correct, full.reason) == (1.0, 1.0, True, "correct")
-    official = RewardConfig(code_reward="plus_minus", filter_code_on_all_passed=True)
+    official = RewardConfig(code_reward="plus_minus")
     assert code_outcome(GOOD, _code_result(1, 3), official).filter_key == 0.0
     assert code_outcome(GOOD, _code_result(1, 3), official).reward == pytest.approx(-1 / 3)
 
@@ -106,8 +106,7 @@ def test_code_outcome_format_and_missing_program() -> None:
     bad = code_outcome("no think block", _code_result(3, 3), PAPER)  # every test passed, format broken
     assert (bad.reward, bad.correct, bad.format_ok, bad.reason) == (-1.0, False, False, "format")
     # not correct, so not "all passed" for the official filter either: the format penalty is the group's signal
-    assert code_outcome("no think block", _code_result(3, 3), RewardConfig(filter_code_on_all_passed=True)
-                        ).filter_key == 0.0
+    assert code_outcome("no think block", _code_result(3, 3), PAPER).filter_key == 0.0
     missing = code_outcome(GOOD, _code_result(0, 3, program_found=False), PAPER)
     assert (missing.reward, missing.reason) == (0.0, "no_program")
 
@@ -118,11 +117,11 @@ def test_math_outcome() -> None:
                                                                                               "correct")
     assert math_outcome(GOOD, "no_box", PAPER).reason == "no_box"
     penalised = math_outcome("answer without think", "correct", OFFICIAL)
-    assert (penalised.reward, penalised.correct, penalised.filter_key, penalised.reason) == (-2.0, False, -2.0,
+    assert (penalised.reward, penalised.correct, penalised.filter_key, penalised.reason) == (-2.0, False, 0.0,
                                                                                              "format")
-    # the filter key of math is the reward even with filter_code_on_all_passed
-    assert math_outcome(GOOD, "wrong", RewardConfig(filter_code_on_all_passed=True)).filter_key == 0.0
-    assert math_outcome("x", "wrong", RewardConfig(filter_code_on_all_passed=True)).filter_key == -1.0
+    # the filter key is accuracy by default, the reward on request
+    assert math_outcome("x", "wrong", PAPER).filter_key == 0.0
+    assert math_outcome("x", "wrong", RewardConfig(filter_on="reward")).filter_key == -1.0
 
 
 def test_math_verdict_conflicting_boxes_is_a_switch() -> None:
@@ -138,9 +137,8 @@ def test_math_verdict_conflicting_boxes_is_a_switch() -> None:
 def test_failed_outcome() -> None:
     cfg = RewardConfig(timeout_reward=-0.5)
     out = failed_outcome({"task": "math", "response": GOOD}, cfg, "timeout", timed_out=True)
-    assert (out.reward, out.correct, out.format_ok, out.timed_out, out.filter_key) == (-0.5, False, True, True, -0.5)
-    code = failed_outcome({"task": "code", "response": "x"}, cfg.model_copy(update={"filter_code_on_all_passed": True}),
-                          "error: boom", timed_out=False)
+    assert (out.reward, out.correct, out.format_ok, out.timed_out, out.filter_key) == (-0.5, False, True, True, 0.0)
+    code = failed_outcome({"task": "code", "response": "x"}, cfg, "error: boom", timed_out=False)
     assert (code.reward, code.format_ok, code.filter_key, code.reason) == (-0.5, False, 0.0, "error: boom")
 
 

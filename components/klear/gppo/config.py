@@ -27,8 +27,23 @@ class RewardConfig(pydantic.BaseModel):
     official_format_penalties: bool = False
     # Paper: code reward = fraction of tests passed, in [0, 1]. Official code: mean of +1/-1 per test, in [-1, 1].
     code_reward: Literal["pass_fraction", "plus_minus"] = "pass_fraction"
-    # Official code filters code groups on whether "all tests passed" varies, not on the soft reward.
-    filter_code_on_all_passed: bool = False
+    # official: the released verl reward code wholesale (verl/utils/reward_score/math_dapo.py, code_r1_compute.py,
+    # reward_config.py). A response without </think> scores -0.5, else one without <think> -2 (checked in that
+    # order, nothing else about the tags); math +1 right / -1 wrong on the text after the last </think>, so a
+    # missing end of thought ranks above a wrong answer; code: a program (last ```python block after </think>, else
+    # -1) runs on at most `official_max_tests` tests drawn per rollout (seeded by problem and response, where the
+    # release drew unseeded), `official_timeout_s` and `official_memory_mb` each, output equal after strip() (no
+    # token or number tolerance), reward the mean of +1 per pass and -1 per failure. The three switches above and
+    # format_penalty do not apply then. paper: the paper's rules, with those switches.
+    mode: Literal["paper", "official"] = pydantic.Field("paper", description="paper rules, or the released reward code's")
+    official_max_tests: int = pydantic.Field(16, ge=1, description="official code: tests per rollout (MAX_TEST_CASES)")
+    official_timeout_s: float = pydantic.Field(35.0, gt=0, description="official code: per test (firejail --timeout)")
+    official_memory_mb: int = pydantic.Field(1024, ge=64, description="official code: address space (--rlimit-as=1024m)")
+    # Which per-rollout value must vary within a group for the group to be trained on (zero-advantage filter):
+    # accuracy (reward == the correct score: verified answer / all tests passed, well formatted), as the released
+    # runs (filter_groups.metric=acc) for math and code; or the reward itself, which also keeps all-wrong groups whose
+    # rollouts differ only in format penalties and trains them on the format signal alone.
+    filter_on: Literal["accuracy", "reward"] = pydantic.Field("accuracy", description="accuracy (release) or reward")
     # The prompt already ends in "<think>\n" (a template that opens the think block itself).
     think_start_in_prompt: bool = False
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Literal
 
@@ -21,13 +22,21 @@ from klear.common.chat import THINK_CLOSE, THINK_OPEN
 from klear.common.parallel import resolve_workers
 from klear.common.workers import WorkerPool
 from klear.gppo.config import RewardConfig
-from klear.verifiers.code_verifier import CodeResult, TestCase, process_verifier
+from klear.verifiers.code_verifier import (
+    CodeResult,
+    TestCase,
+    compare_functional,
+    extract_program,
+    process_verifier,
+    select_tests,
+)
 from klear.verifiers.config import VerifierConfig, worker_verifier
-from klear.verifiers.math_verifier import extract_answer, format_ok, judge
+from klear.verifiers.math_verifier import extract_answer, format_ok, judge, judge_official
 
 __all__ = [
     "RewardOutcome", "RewardPool", "code_outcome", "code_reward", "failed_outcome", "format_reward_override",
-    "math_outcome", "math_reward", "math_verdict", "score_rollout",
+    "exact_output_match", "math_outcome", "math_reward", "math_verdict", "official_code_result", "official_math_verdict",
+    "score_rollout",
 ]
 
 log = logging.getLogger(__name__)
@@ -36,6 +45,9 @@ log = logging.getLogger(__name__)
 # with a trainer can make it much slower. (No torch: klear.gppo.config keeps the loss names out of losses.py.)
 START_TIMEOUT_S = 120.0
 CLOSE_GRACE_S = 5.0  # on close, time for workers to shut their sandbox pools down before they are killed
+# The released reward_config.ScoringConfig: wo_eos_think, wo_bos_think.
+OFFICIAL_NO_THINK_END = -0.5
+OFFICIAL_NO_THINK_START = -2.0
 
 
 # --- scoring rules (pure) ---------------------------------------------------------------------------------
@@ -45,6 +57,12 @@ def format_reward_override(response: str, cfg: RewardConfig) -> float | None:
     Official penalties: -2.0 without `<think>`, -0.5 with `<think>` but without `</think>`; a response that has
     both tags yet is malformed (tags repeated, out of order, text before `<think>`) gets `format_penalty`.
     """
+    if cfg.mode == "official":  # math_dapo.compute_score(is_longcot=True): </think> first, then <think>
+        if THINK_CLOSE not in response:
+            return OFFICIAL_NO_THINK_END
+        if not cfg.think_start_in_prompt and THINK_OPEN not in response:
+            return OFFICIAL_NO_THINK_START
+        return None
     if format_ok(response, cfg.think_start_in_prompt):
         return None
     if cfg.official_format_penalties:
@@ -55,11 +73,14 @@ def format_reward_override(response: str, cfg: RewardConfig) -> float | None:
     return cfg.format_penalty
 
 
-def math_reward(correct: bool, penalty: float | None) -> float:
-    """Paper: 1 for a verified answer, else 0; a format penalty replaces either."""
+def math_reward(correct: bool, penalty: float | None, mode: Literal["paper", "official"] = "paper") -> float:
+    """Paper: 1 for a verified answer, else 0. Official (reward_config.ScoringConfig): 1, else -1. A format penalty
+    replaces either."""
     if penalty is not None:
         return penalty
-    return 1.0 if correct else 0.0
+    if correct:
+        return 1.0
+    return -1.0 if mode == "official" else 0.0
 
 
 def code_reward(passed: int, total: int, penalty: float | None,
@@ -88,20 +109,20 @@ class RewardOutcome:
     correct: bool
     format_ok: bool
     timed_out: bool
-    # Whose variation within a group keeps the group (zero-advantage filter): the reward, or for code with
-    # `filter_code_on_all_passed` whether the rollout is correct (official code).
+    # Whose variation within a group keeps the group (zero-advantage filter), per `filter_on`: whether the rollout is
+    # correct (accuracy, the release's filter), or the reward.
     filter_key: float
     reason: str  # correct, wrong, format, timeout, no_program, judge_error, math extraction reasons, error: ...
 
 
 def _filter_key(kind: str, reward: float, correct: bool, cfg: RewardConfig) -> float:
-    return float(correct) if kind == "code" and cfg.filter_code_on_all_passed else reward
+    return float(correct) if cfg.filter_on == "accuracy" else reward
 
 
 def math_outcome(response: str, verdict: str, cfg: RewardConfig) -> RewardOutcome:
     """Outcome of a math rollout whose answer got `verdict` ("correct", "wrong", or why it was not judged)."""
     penalty = format_reward_override(response, cfg)
-    reward = math_reward(verdict == "correct", penalty)
+    reward = math_reward(verdict == "correct", penalty, cfg.mode)
     correct = verdict == "correct" and penalty is None
     return RewardOutcome(reward, correct, penalty is None, False, _filter_key("math", reward, correct, cfg),
                          "format" if penalty is not None else verdict)
@@ -110,7 +131,10 @@ def math_outcome(response: str, verdict: str, cfg: RewardConfig) -> RewardOutcom
 def code_outcome(response: str, result: CodeResult, cfg: RewardConfig) -> RewardOutcome:
     """Outcome of a code rollout whose program got `result` from the code verifier."""
     penalty = format_reward_override(response, cfg)
-    reward = code_reward(result.passed, result.total, penalty, cfg.code_reward)
+    if cfg.mode == "official":  # code_r1_compute: mean of +1/-1 per test run; no program is a format error (-1)
+        reward = penalty if penalty is not None else code_reward(result.passed, result.total, None, "plus_minus")
+    else:
+        reward = code_reward(result.passed, result.total, penalty, cfg.code_reward)
     correct = result.all_passed and penalty is None
     if penalty is not None:
         reason = "format"
@@ -145,17 +169,72 @@ def math_verdict(response: str, gold: str, verifier: VerifierConfig) -> str:
     return "correct" if ok else "wrong"
 
 
+def official_math_verdict(response: str, gold: str, verifier: VerifierConfig) -> str:
+    """math_dapo.compute_score(is_use_math_verify=True): math-verify on what follows the last </think> (its last box,
+    else its last number), a string match with the gold first. "correct", "wrong" or "judge_error"."""
+    try:
+        ok, _ = judge_official(gold, response.split(THINK_CLOSE)[-1], verifier.math_timeout_s)
+    except Exception:  # noqa: BLE001 - the release scores what math-verify cannot handle as wrong
+        return "judge_error"
+    return "correct" if ok else "wrong"
+
+
 def score_rollout(task: dict, cfg: RewardConfig, verifier: VerifierConfig) -> RewardOutcome:
     """The default scorer: math through math-verify, code through the sandboxed code verifier (all tests run)."""
     response = task["response"]
+    if task["task"] == "math" and cfg.mode == "official":
+        return math_outcome(response, official_math_verdict(response, task["answer"], verifier), cfg)
     if task["task"] == "math":
         return math_outcome(response, math_verdict(response, task["answer"], verifier), cfg)
+    if task["task"] == "code" and cfg.mode == "official":
+        tests = [TestCase.from_dict(t) for t in task["tests"]]
+        program = extract_program(response, verifier.think_end, require_think_end=True)
+        key = f"{task.get('problem_id', '')}\0{response}"  # a rollout's own draw, the same on every rescoring
+        return code_outcome(response, official_code_result(program, tests, task.get("fn_name"), key, cfg, verifier), cfg)
     if task["task"] == "code":
         tests = [TestCase.from_dict(t) for t in task["tests"]]
         result = process_verifier(verifier).verify_response(
             response, tests, task.get("fn_name"), mode="all", problem_id=task.get("problem_id", ""))
         return code_outcome(response, result, cfg)
     raise ValueError(f"unknown task kind {task['task']!r} (expected math or code)")
+
+
+def official_verifier(cfg: RewardConfig, verifier: VerifierConfig) -> VerifierConfig:
+    """The sandbox settings of the released code reward: its timeout and address-space limit, every test chosen here."""
+    return verifier.model_copy(update={"timeout_s": cfg.official_timeout_s, "memory_mb": cfg.official_memory_mb,
+                                       "max_tests": None})
+
+
+def exact_output_match(actual: str, expected: str) -> bool:
+    """code_r1_compute's comparison: the whole output equal to the expected one after strip(), nothing more."""
+    return actual.strip() == expected.strip()
+
+
+def official_code_result(program: str | None, tests: list[TestCase], fn_name: str | None, key: str, cfg: RewardConfig,
+                         verifier: VerifierConfig) -> CodeResult:
+    """A program's run on at most `official_max_tests` tests drawn by `key`, judged by exact comparison."""
+    chosen = select_tests(len(tests), cfg.official_max_tests, key)
+    if program is None:
+        return CodeResult(0, len(chosen), 0.0, False, False, [{"index": i, "verdict": "not_run"} for i in chosen])
+    pool = process_verifier(official_verifier(cfg, verifier)).pool
+
+    def one(i: int) -> dict:
+        test = tests[i]
+        if test.testtype == "functional":
+            if not fn_name:
+                raise ValueError("functional test without fn_name")
+            run = pool.run(program, fn_name=fn_name, args=test.input, timeout_s=cfg.official_timeout_s)
+            ok = run.status == "ok" and compare_functional(run.result, test.output)
+        else:
+            run = pool.run(program, test.input, timeout_s=cfg.official_timeout_s)
+            ok = run.status == "ok" and exact_output_match(run.stdout.decode("utf-8", "replace"), test.output)
+        return {"index": i, "verdict": "passed" if ok else (run.status if run.status != "ok" else "wrong_answer")}
+
+    with ThreadPoolExecutor(max(1, pool.workers)) as ex:
+        entries = list(ex.map(one, chosen))
+    passed = sum(e["verdict"] == "passed" for e in entries)
+    total = len(chosen)
+    return CodeResult(passed, total, passed / total if total else 0.0, total > 0 and passed == total, True, entries)
 
 
 # --- worker processes ---------------------------------------------------------------------------------
