@@ -704,11 +704,12 @@ def _own_files(loc: Uri) -> list[str]:
 
 
 def _reserved(name: str) -> bool:
-    return name in (MANIFEST_NAME, LEASE_NAME) or name.startswith(PROBE_PREFIX)
+    # README.md: a model's card, written beside its manifest and outside its content (klear.common.model_card)
+    return name in (MANIFEST_NAME, LEASE_NAME, "README.md") or name.startswith(PROBE_PREFIX)
 
 
 def _unlisted(loc: Uri, listed: Iterable[str]) -> list[str]:
-    keep = set(listed) | {MANIFEST_NAME, LEASE_NAME}
+    keep = set(listed) | {MANIFEST_NAME, LEASE_NAME, "README.md"}
     return [name for name in _own_files(loc) if name not in keep]
 
 

@@ -117,6 +117,15 @@ def _lead(report: Mapping[str, Any]) -> str:
             f"{report['settings']['scoring']['selection']}")
 
 
+def _lineage_table(report: Mapping[str, Any]) -> Table:
+    """Each step from the scored samples back to the source prompts (klear.common.lineage), nearest first."""
+    rows = [[step["stage"] or "source", step["uri"], (step["digest"] or "-")[:12],
+             json.dumps(step["settings"], sort_keys=True, default=str),
+             ", ".join(f"{e['role']}: {e['uri']}" + (" (changed since)" if e["changed"] else "") for e in step["inputs"])]
+            for step in report.get("lineage", {}).get("steps", [])]
+    return ["stage", "output", "digest", "key settings", "made from"], rows
+
+
 def render_markdown(report: Mapping[str, Any], with_figures: bool = True) -> str:
     # Every value from data goes through the one escaping rule (klear.common.markdown): tables cell by cell.
     lines = ["# Evaluation", "", escape(_lead(report)), "", "## Scores", "", *_md_table(summary_table(report)), ""]
@@ -134,6 +143,9 @@ def render_markdown(report: Mapping[str, Any], with_figures: bool = True) -> str
               *_md_table((["setting", "value"], [list(r) for r in _settings_rows(report)])), "",
               "## Samples", "", *_md_table(_sources_table(report)), "",
               "## Benchmark files", "", *_md_table(_files_table(report)), ""]
+    if report.get("lineage"):  # the Mermaid text is sanitized by klear.common.lineage: no markup can pass
+        lines += ["## Lineage", "", *_md_table(_lineage_table(report)), "", "```mermaid",
+                  report["lineage"]["mermaid"].rstrip(), "```", ""]
     figures = report["figures"]
     if with_figures:
         lines += ["## Figures", "", f"![scores]({figures['scores']})", "", f"![pass counts]({figures['pass_counts']})", ""]
@@ -205,5 +217,9 @@ def render_html(report: Mapping[str, Any], figures_dir: Path, problems: Sequence
               "<h2>Settings</h2>", _html_table((["setting", "value"], [list(r) for r in _settings_rows(report)]), 9),
               "<h2>Samples</h2>", _html_table(_sources_table(report), 9),
               "<h2>Benchmark files</h2>", _html_table(_files_table(report))]
+    if report.get("lineage"):
+        parts += ["<h2>Lineage</h2>", _html_table(_lineage_table(report), 9),
+                  "<p>The chain as a Mermaid flowchart (<code>klear lineage URI --format mermaid</code> prints it):</p>",
+                  f"<pre class='mermaid'>{html.escape(report['lineage']['mermaid'])}</pre>"]
     return ("<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'><title>Klear evaluation</title>"
             f"<style>{_STYLE}</style></head><body>{''.join(parts)}</body></html>\n")

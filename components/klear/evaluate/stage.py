@@ -48,7 +48,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from klear.common import storage
+from klear.common import lineage, model_card, storage
 from klear.common.config import ConfigError
 from klear.common.data_stage import DataStage
 from klear.common.sample_rows import file_tables
@@ -316,8 +316,10 @@ def run(samples: Iterable[SampleSource | str], output: str, config: EvaluateConf
                             "judge_s": round(time.monotonic() - judge_started, 3)}
         report = _publishable(out.staging, config, bench, labels, selections, per_label, source_info, judge_counts,
                               benchmarks, started)
-        out.publish(report, {"labels": labels, "scores": _headline(report)})
+        out.publish(report, {"labels": labels, "scores": _headline(report)}, config=config.model_dump(mode="json"))
     log.info("published %s: %s", output, json.dumps(_headline(report)))
+    for model in model_card.record_evaluation(output, _headline(report)):  # the DAG's last step: scores into the cards
+        log.info("recorded the scores in the model card of %s", model)
     return report
 
 
@@ -359,6 +361,8 @@ def _publishable(staging: Path, config: EvaluateConfig, bench: BenchmarkSet, lab
                      if _has_distribution(p)},
         "elapsed_s": round(time.monotonic() - started, 3),
     }
+    steps = lineage.trace([s["uri"] for label in labels for s in source_info[label]])
+    report["lineage"] = {"steps": [step.to_json() for step in steps], "mermaid": lineage.render_mermaid(steps)}
     titles = {name: b.title or name for name, b in selected.items()}
     plots.score_chart(staging / "scores.png", titles,
                       {label: {n: (b["pass@1"], b["stderr"]) for n, b in models[label]["benchmarks"].items()}

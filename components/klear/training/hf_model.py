@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from klear.common import storage
+from klear.common import model_card, storage
 from klear.training.launch import LAUNCH_CONFIGS
 
 
@@ -103,9 +103,10 @@ def remove_when_all_done(work: Path) -> None:
 
 
 def publish_trained(trainer: Any, tokenizer: Any, work: Path, output: str, report: dict[str, Any], stage: str,
-                    markdown: str = "") -> None:
+                    markdown: str = "", inputs: dict[str, list[str]] | None = None) -> None:
     """Gather the weights (ZeRO-3 shards too), finish the folder, add report.json, metrics.json, report.md and
-    the TensorBoard logs, and publish it to `output` (manifest last) from rank 0."""
+    the TensorBoard logs, and publish it to `output` (manifest last) from rank 0, then its model card (README.md,
+    outside the manifest: see klear.common.model_card). `inputs`: role ("model", "data") -> URIs."""
     final = work / "final"
     if trainer.is_world_process_zero():
         shutil.rmtree(final, ignore_errors=True)
@@ -119,4 +120,7 @@ def publish_trained(trainer: Any, tokenizer: Any, work: Path, output: str, repor
         (final / "report.md").write_text(markdown)
     if (work / "logs").is_dir():
         shutil.copytree(work / "logs", final / "logs", dirs_exist_ok=True)
-    storage.publish_dir(final, output, meta={"stage": stage, "global_step": trainer.state.global_step})
+    (final / model_card.CARD_NAME).unlink(missing_ok=True)  # the trainer's own card: ours is written after
+    storage.publish_dir(final, output, meta={"stage": stage, "global_step": trainer.state.global_step,
+                                             "inputs": inputs or {}, "lineage": {"config": report.get("config")}})
+    model_card.write(output)

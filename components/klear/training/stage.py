@@ -112,7 +112,8 @@ def run_stage(stage: TrainingStage, model: str, data: list[str], output: str, co
         result, published = checkpoints.train_resumable(trainer, output, work, resume, config.keep_checkpoints,
                                                         stage.name, fingerprint)
         report = assemble_report(counts, trainer.state, step_of(resume), published, prepared.finish(result), config)
-        hf_model.publish_trained(trainer, tokenizer, work, output, report, stage.name, stage.render_markdown(report))
+        hf_model.publish_trained(trainer, tokenizer, work, output, report, stage.name, stage.render_markdown(report),
+                                 {"model": [model], "data": list(data)})
         log.info("published the model to %s", output)
         if not work_dir:  # everything is on storage now; a failed run keeps its folder for a retry in the same pod
             hf_model.remove_when_all_done(work)

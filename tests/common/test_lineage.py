@@ -1,0 +1,94 @@
+"""Lineage: manifests record inputs, config, code and KFP ids; `klear lineage` walks them back to the source prompts;
+a model folder's card (README.md) parses as a Hugging Face model card and stays outside the model's digest."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from klear.cli import main as klear
+from klear.common import lineage, model_card, storage
+
+
+def _jsonl(path: Path, rows: list[dict[str, Any]]) -> str:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return str(path)
+
+
+def _curate(tmp_path: Path, name: str, prompts: str, bench: str) -> str:
+    out = str(tmp_path / name)
+    assert klear(["curate", "--input", prompts, "--benchmark", bench, "--output", out, "--config", "tiny"]) == 0
+    return out
+
+
+def test_lineage_walks_back_to_the_source_prompts_and_a_changed_input_changes_the_digests(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(lineage.RUN_ID_ENV, "run-7")
+    monkeypatch.setenv(lineage.TASK_ENV, "klear-reasoner-abc-curate-pod")
+    monkeypatch.setenv(lineage.CODE_COMMIT_ENV, "0123abc")
+    prompts = _jsonl(tmp_path / "p.jsonl", [{"id": f"p{i}", "prompt": f"how many apples are {i} and {i}"}
+                                            for i in range(3)])
+    bench = _jsonl(tmp_path / "b.jsonl", [{"id": "b0", "problem": "find the sum of all primes below ten"}])
+    curated = _curate(tmp_path, "curated", prompts, bench)
+    record = storage.read_manifest(curated).meta["lineage"]
+    assert [entry["uri"] for entry in record["inputs"]] == [prompts, bench]
+    assert record["inputs"][0]["digest"] == storage.sha256_file(prompts)
+    assert record["config"]["ngram_size"] > 0  # the full config, not a summary
+    assert record["code"]["commit"] == "0123abc" and record["code"]["version"]
+    assert record["kfp"] == {"run_id": "run-7", "task": "klear-reasoner-abc-curate-pod"}
+
+    # A second step made from the first: the chain reaches the prompts through it.
+    again = _curate(tmp_path, "again", str(Path(curated) / "prompts.jsonl") if (Path(curated) / "prompts.jsonl").exists()
+                    else curated, bench)
+    capsys.readouterr()
+    assert klear(["lineage", again]) == 0
+    text = capsys.readouterr().out
+    assert f"<- input: {curated}" in text and f"source  {prompts}" in text and "flowchart TD" in text
+    steps = lineage.trace(again)
+    assert {step.uri for step in lineage.sources(steps)} >= {prompts, bench}
+
+    # Changed prompts: curate's input digest, then its own digest, differ; the older consumer is flagged.
+    _jsonl(Path(prompts), [{"id": "p9", "prompt": "how many pears are nine and nine"}])
+    before = storage.content_digest(curated)
+    _curate(tmp_path, "curated", prompts, bench)
+    assert storage.read_manifest(curated).meta["lineage"]["inputs"][0]["digest"] != record["inputs"][0]["digest"]
+    assert storage.content_digest(curated) != before
+    first_edge = lineage.trace(again)[0].inputs[0]
+    assert first_edge.changed
+    assert klear(["lineage", again, "--format", "mermaid"]) == 0
+    assert "-. changed .->" in capsys.readouterr().out
+    assert klear(["lineage", str(tmp_path / "nothing")]) == 2  # no manifest: an error, not a one-step chain
+
+
+def test_a_model_card_parses_names_base_model_and_data_and_stays_outside_the_digest(tmp_path: Path) -> None:
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "config.json").write_text("{}")
+    data = _jsonl(tmp_path / "sft.jsonl", [{"messages": []}])
+    model = str(tmp_path / "model")
+    storage.check_writes([storage.Write("--output", model, "sft")], [str(base), data])
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    (staging / "model.safetensors").write_bytes(b"weights")
+    storage.publish_dir(staging, model, meta={"stage": "sft", "inputs": {"model": [str(base)], "data": [data]},
+                                              "lineage": {"config": {"learning_rate": 8e-5, "num_epochs": 4}}})
+    model_card.write(model)
+    digest = storage.content_digest(model)
+    model_card.write(model, ("s3://b/run/evaluate", "sft", {"aime24": 12.5}))
+    assert storage.content_digest(model) == digest  # a card update leaves the model's identity alone
+    with storage.fetch_published(model) as (_, manifest):
+        assert model_card.CARD_NAME not in manifest.files
+    text = (Path(model) / model_card.CARD_NAME).read_text()
+    header = yaml.safe_load(text.split("---\n")[1])
+    assert header["base_model"] == str(base)
+    assert header["klear"]["data"] == [{"uri": data, "digest": storage.sha256_file(data)}]
+    assert header["klear"]["hyperparameters"]["learning_rate"] == 8e-5
+    assert header["model-index"][0]["results"][0]["metrics"][0]["value"] == 12.5
+    assert "## Lineage" in text and "flowchart TD" in text
+    hub = pytest.importorskip("huggingface_hub")
+    card = hub.ModelCard(text)
+    assert card.data.base_model == str(base) and card.data.eval_results[0].metric_value == 12.5
