@@ -136,7 +136,7 @@ def test_clean_environment_and_private_workdir(pool: SandboxPool) -> None:
     assert r.status == "ok", r.stderr
     env_uid_cwd, content = r.stdout.decode().splitlines()
     env, uid, _ = json.loads(env_uid_cwd)
-    assert set(env) <= {"PATH", "LANG", "HOME", "TMPDIR"}
+    assert set(env) <= {"PATH", "LANG", "HOME", "TMPDIR", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"}
     assert content == "ok"
     workdir = Path(r.workdir)
     assert (workdir / "mine.txt").read_text() == "ok"

@@ -25,6 +25,7 @@ import resource
 import select
 import shutil
 import signal
+import stat
 import struct
 import sys
 import tempfile
@@ -115,7 +116,9 @@ def apply_landlock(abi: int, read_fds: list[int], rw_fds: list[tuple[int, int]])
     ruleset = _errcheck(_libc.syscall(SYS_landlock_create_ruleset, ctypes.byref(attr), size, 0),
                         "landlock_create_ruleset")
     try:
-        for fd, rights in [(fd, READ_ONLY) for fd in read_fds] + rw_fds:
+        # A tree may be one file (a single-module package such as six.py): directory rights are invalid there.
+        reads = [(fd, READ_ONLY if stat.S_ISDIR(os.fstat(fd).st_mode) else FS_READ_FILE) for fd in read_fds]
+        for fd, rights in reads + rw_fds:
             rule = _PathBeneath(rights & fs, fd)
             _errcheck(_libc.syscall(SYS_landlock_add_rule, ruleset, LANDLOCK_RULE_PATH_BENEATH,
                                     ctypes.byref(rule), 0), "landlock_add_rule")
@@ -213,7 +216,9 @@ def _run_program(job: dict, state: dict, workdir: str) -> None:
     import threading
 
     os.environ.clear()
-    os.environ.update({"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": workdir, "TMPDIR": workdir})
+    os.environ.update({"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": workdir, "TMPDIR": workdir,
+                       # numpy's BLAS would start a thread per core at import (LiveCodeBench sets OMP_NUM_THREADS=1)
+                       "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})
     # The program's own streams, and the __std*__ originals too, so nothing reaches the zygote's pipes.
     sys.stdin = sys.__stdin__ = open(0, encoding="utf-8", errors="replace", closefd=False)  # type: ignore[misc]
     sys.stdout = sys.__stdout__ = open(1, "w", encoding="utf-8", closefd=False)  # type: ignore[misc]
@@ -226,8 +231,15 @@ def _run_program(job: dict, state: dict, workdir: str) -> None:
         namespace.update(__name__="__main__", __builtins__=builtins, stdin=sys.stdin, stdout=sys.stdout,
                          stderr=sys.stderr)
         sys.setrecursionlimit(50000)
+        official = job.get("rules") == "official"
+        if official:
+            sys.set_int_max_str_digits(50000)  # lcb_runner's compute_code_generation_metrics raises the limit
+            if job["fn_name"] is not None:
+                namespace["__name__"] = "tmp_sol"  # lcb_runner imports call-based code as a module: no main block
         exec(compile(job["code"], "<solution>", "exec"), namespace)
-        if job["fn_name"] is not None:
+        if job["fn_name"] is not None and official:
+            _call_official(job, namespace)
+        elif job["fn_name"] is not None:
             args = [__import__("json").loads(line) for line in job["args"].split("\n") if line.strip()]
             result = getattr(namespace["Solution"](), job["fn_name"])(*args)
             payload = __import__("json").dumps(_to_jsonable(result)).encode()
@@ -235,8 +247,8 @@ def _run_program(job: dict, state: dict, workdir: str) -> None:
         for thread in threading.enumerate():  # like interpreter exit: wait for non-daemon threads
             if thread is not threading.main_thread() and not thread.daemon:
                 thread.join()
-    except SystemExit as exc:
-        code = 0 if exc.code in (None, 0) else 1
+    except SystemExit as exc:  # official: lcb_runner swallows SystemExit, whatever its code
+        code = 0 if exc.code in (None, 0) or job.get("rules") == "official" else 1
     except MemoryError:
         code = EXIT_MEMORY
     except BaseException:  # noqa: BLE001 - any exception of the program is a runtime error
@@ -253,6 +265,20 @@ def _run_program(job: dict, state: dict, workdir: str) -> None:
     except BaseException:  # noqa: BLE001
         code = code or 1
     os._exit(code)
+
+
+def _call_official(job: dict, namespace: dict) -> None:
+    """lcb_runner's call-based grading: Solution().fn_name, or a module-level function when the code has no
+    `class Solution`; the result (a top-level tuple made a list) compared with `==` to the expected JSON value,
+    in-process (numpy scalars compare as numbers). Writes true/false to the result fd."""
+    json = __import__("json")
+    args = [json.loads(line) for line in job["args"].split("\n")]
+    owner = namespace["Solution"]() if "class Solution" in job["code"] else None
+    method = getattr(owner, job["fn_name"]) if owner is not None else namespace[job["fn_name"]]
+    result = method(*args)
+    if isinstance(result, tuple):
+        result = list(result)
+    os.write(3, b"true" if bool(result == json.loads(job["expected"])) else b"false")
 
 
 # --- the zygote side ---------------------------------------------------------------------------
@@ -412,6 +438,13 @@ def _setup(config: dict) -> dict:
         os.dup2(fd, high, inheritable=True)
         os.close(fd)
         read_fds.append((high, path))
+    site = _site_folder(config.get("site_dir"), config.get("site_packages") or [], read_fds, config["uid"])
+    if site:
+        fd = os.open(site, os.O_PATH | os.O_CLOEXEC)
+        high = HIGH_FD + len(read_fds)
+        os.dup2(fd, high, inheritable=True)
+        os.close(fd)
+        read_fds.append((high, site))
     uid = config["uid"]
     nproc_base = 0
     if uid is None:
@@ -428,6 +461,8 @@ def _setup(config: dict) -> dict:
         __import__(name)
     if uid is not None:
         _import_through_fds(read_fds, set(config["stdlib_paths"]))
+    if site:
+        sys.path.append(site)  # after the stdlib remapping, which keeps only the stdlib's entries
     preamble_ns: dict = {}
     exec(PREAMBLE.replace("sys.setrecursionlimit(50000)\n", ""), preamble_ns)
     preamble_ns.pop("__builtins__", None)
@@ -450,6 +485,20 @@ def _setup(config: dict) -> dict:
     }
     return {"ok": True, "state": state, "landlock_abi": abi, "seccomp": seccomp is not None,
             "problems": problems}
+
+
+def _site_folder(site_dir: str | None, packages: list[tuple[str, str]], read_fds: list[tuple[int, str]],
+                 uid: int | None) -> str | None:
+    """A folder of links to the offered packages' trees (each readable by its own Landlock rule), the one
+    entry programs import them from. A slot uid reaches a tree through its inherited fd, as the stdlib."""
+    if not site_dir or not packages:
+        return None
+    fds = {path: fd for fd, path in read_fds}
+    os.makedirs(site_dir, mode=0o755, exist_ok=True)
+    for name, path in packages:
+        if path in fds:
+            os.symlink(f"/proc/self/fd/{fds[path]}" if uid is not None else path, os.path.join(site_dir, name))
+    return site_dir
 
 
 def _import_through_fds(read_fds: list[tuple[int, str]], stdlib: set[str]) -> None:

@@ -21,7 +21,8 @@ from klear.common.chat import THINK_CLOSE
 from klear.verifiers.config import VerifierConfig
 from klear.verifiers.sandbox import RunResult, SandboxPool
 
-__all__ = ["CodeResult", "CodeVerifier", "TestCase", "compare_stdout", "extract_program", "select_tests"]
+__all__ = ["CodeResult", "CodeVerifier", "TestCase", "compare_stdout", "compare_stdout_lcb", "extract_program",
+           "extract_program_lcb", "select_tests"]
 
 Verdict = Literal["passed", "wrong_answer", "runtime_error", "timeout", "memory_limit", "output_limit",
                   "sandbox_error", "not_run"]
@@ -44,6 +45,16 @@ def extract_program(response: str, think_end: str = THINK_CLOSE, require_think_e
     # (LiveCodeBench's own extraction takes the last fenced block whatever its language).
     chosen = [body for lang, body in blocks if lang in PYTHON_FENCES] or [body for lang, body in blocks if not lang]
     return chosen[-1] if chosen else None
+
+
+def extract_program_lcb(response: str) -> str | None:
+    """lcb_runner's extract_code (chat models): the lines between the last two lines holding a ``` anywhere, of the
+    raw output (the thought included); None where it finds fewer than two (its "": nothing to run)."""
+    lines = response.split("\n")
+    marks = [i for i, line in enumerate(lines) if "```" in line]
+    if len(marks) < 2:
+        return None
+    return "\n".join(lines[marks[-2] + 1 : marks[-1]])
 
 
 def fenced_blocks(text: str) -> list[tuple[str, str]]:
@@ -97,6 +108,33 @@ def compare_stdout(actual: str, expected: str, rel_tol: float = 0.0, abs_tol: fl
     return True
 
 
+def _decimal_line(line: str) -> list[Decimal] | None:
+    try:
+        return [Decimal(token) for token in line.split()]
+    except (InvalidOperation, ValueError):
+        return None
+
+
+def compare_stdout_lcb(actual: str, expected: str) -> bool:
+    """lcb_runner's grade_stdio comparison: the same number of lines (after stripping the whole text), each line
+    equal after stripping, or both lines wholly numbers with equal Decimal lists ("10.0" = "10", but "Yes 10.0"
+    != "Yes 10" and "a  b" != "a b": a line with any word is compared as text)."""
+    got = [line.strip() for line in actual.strip().split("\n")]
+    want = [line.strip() for line in expected.strip().split("\n")]
+    if len(got) != len(want):
+        return False
+    for g, w in zip(got, want):
+        if g == w:
+            continue
+        gd, wd = _decimal_line(g), _decimal_line(w)
+        try:
+            if gd is None or wd is None or gd != wd:
+                return False
+        except InvalidOperation:  # a signalling NaN refuses comparison: lcb_runner's error is a wrong answer too
+            return False
+    return True
+
+
 def compare_functional(result_json: bytes, expected: str) -> bool:
     """Functional problems: the returned value (tuples made lists) must equal the expected JSON value."""
     try:
@@ -143,12 +181,14 @@ class TestCase:
         return cls(str(d["input"]), str(d["output"]), testtype)
 
 
-def verdict_of(run: RunResult, test: TestCase) -> Verdict:
-    """Verdict of one run against its test."""
+def verdict_of(run: RunResult, test: TestCase, rules: str = "strict") -> Verdict:
+    """Verdict of one run against its test, under the strict or the official (lcb_runner's) comparison."""
     if run.status != "ok":
         return run.status  # type: ignore[return-value]
-    if test.testtype == "functional":
-        ok = compare_functional(run.result, test.output)
+    if test.testtype == "functional":  # official: the sandboxed process compared the value itself
+        ok = run.result == b"true" if rules == "official" else compare_functional(run.result, test.output)
+    elif rules == "official":
+        ok = compare_stdout_lcb(run.stdout.decode("utf-8", "replace"), test.output)
     else:
         ok = compare_stdout(run.stdout.decode("utf-8", "replace"), test.output)
     return "passed" if ok else "wrong_answer"
@@ -186,10 +226,10 @@ class CodeVerifier:
         if test.testtype == "functional":
             if not fn_name:
                 raise ValueError("functional test without fn_name")
-            run = self.pool.run(program, fn_name=fn_name, args=test.input, timeout_s=timeout_s)
+            run = self.pool.run(program, fn_name=fn_name, args=test.input, timeout_s=timeout_s, expected=test.output)
         else:
             run = self.pool.run(program, test.input, timeout_s=timeout_s)
-        verdict = verdict_of(run, test)
+        verdict = verdict_of(run, test, self.config.code_rules)
         entry: dict[str, Any] = {"verdict": verdict, "time_s": round(run.wall_s, 4)}
         if verdict in ("runtime_error", "sandbox_error"):
             entry["stderr"] = (run.stderr[-500:].decode("utf-8", "replace") or run.detail)[-500:]
@@ -222,7 +262,10 @@ class CodeVerifier:
 
     def verify_response(self, response: str, tests: list[TestCase], fn_name: str | None = None,
                         mode: Literal["all", "first-failure"] | None = None, problem_id: str = "") -> CodeResult:
-        program = extract_program(response, self.config.think_end, self.config.require_think_end)
+        if self.config.code_rules == "official":
+            program = extract_program_lcb(response)
+        else:
+            program = extract_program(response, self.config.think_end, self.config.require_think_end)
         return self.run_tests(program, tests, fn_name, mode, problem_id)
 
     def verify_batch(self, jobs: list[dict]) -> list[CodeResult]:

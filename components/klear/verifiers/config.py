@@ -31,6 +31,15 @@ class VerifierConfig(StageConfig):
     math_item_timeout_s: float = pydantic.Field(10.0, gt=0)  # outer wall-clock kill of a worker
 
     # --- code ---
+    # The code counterpart of math_mode. strict: the last ```python block after `think_end`, truncated responses
+    # wrong, output compared token by token, the standard library only. official: as LiveCodeBench's lcb_runner
+    # (extract_code, run_test): the last fenced block of the raw output whatever the finish reason, output lines
+    # equal as text or as lists of Decimals, `official_packages` importable (read-only), ints printed up to 50,000
+    # digits. Both run each test in a fresh confined process with real stdin (see README, LiveCodeBench parity).
+    code_rules: Literal["strict", "official"] = "strict"
+    # LiveCodeBench's environment (its uv.lock) has these; those installed beside the verifier are offered.
+    official_packages: list[str] = pydantic.Field(
+        default_factory=lambda: ["numpy", "scipy", "pandas", "sympy", "networkx", "regex"])
     code_mode: Literal["all", "first-failure"] = "all"
     max_tests: int | None = pydantic.Field(None, ge=1)  # larger test sets: a subset seeded by problem id
     timeout_s: float = pydantic.Field(6.0, gt=0)  # per test, wall clock

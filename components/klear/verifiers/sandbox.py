@@ -29,7 +29,7 @@ from typing import IO, Any
 from klear.common.parallel import resolve_workers
 from klear.verifiers.config import VerifierConfig
 
-__all__ = ["RunResult", "SandboxPool", "SandboxUnavailable", "kernel_support"]
+__all__ = ["RunResult", "SandboxPool", "SandboxUnavailable", "kernel_support", "package_trees"]
 
 log = logging.getLogger(__name__)
 
@@ -107,11 +107,47 @@ def _interpreter_paths() -> tuple[list[str], list[str]]:
         capture_output=True, text=True, check=True, env={},
     ).stdout.split()
     stdlib = [p for p in out if p and os.path.exists(p)]
-    stdlib += [p for p in (sysconfig.get_path("stdlib"), sysconfig.get_path("platstdlib")) if p not in stdlib]
+    # Only folders that hold the stdlib: in a virtual environment platstdlib is the venv's lib/pythonX.Y, whose
+    # site-packages (every installed package) programs must not read.
+    stdlib += [p for p in (sysconfig.get_path("stdlib"), sysconfig.get_path("platstdlib"))
+               if p not in stdlib and os.path.exists(os.path.join(p, "os.py"))]
     shared_libs = [p for p in ("/lib", "/lib64", "/usr/lib", "/usr/lib64") if os.path.isdir(p)]
     libpython = sysconfig.get_config_var("LIBDIR")
     extra = [libpython] if libpython and os.path.isdir(libpython) else []
     return stdlib, list(dict.fromkeys(stdlib + shared_libs + extra))
+
+
+def package_trees(names: list[str]) -> tuple[list[tuple[str, str]], list[str]]:
+    """(top-level entry, its path) of the installed distributions `names` and everything they require (imports,
+    dist-info, vendored libraries), and the names not installed. Only these trees become readable to programs."""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+
+    trees: dict[str, str] = {}
+    missing, seen, todo = [], set(), list(names)
+    while todo:
+        name = todo.pop()
+        key = name.lower().replace("_", "-")
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            dist = metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            if name in names:
+                missing.append(name)
+            continue
+        base = Path(str(dist.locate_file("")))
+        for file in dist.files or []:
+            top = file.parts[0]
+            if top not in ("..", "__pycache__") and not top.endswith(".pth") and (base / top).exists():
+                trees.setdefault(top, str((base / top).resolve()))
+        for spec in dist.requires or []:
+            req = Requirement(spec)
+            if req.marker is None or req.marker.evaluate({"extra": ""}):
+                todo.append(req.name)
+    return sorted(trees.items()), sorted(missing)
 
 
 class _Slot:
@@ -237,6 +273,15 @@ class SandboxPool:
         self.workdir_root = workdir_root or tempfile.mkdtemp(prefix="klear-sandbox-")
         os.chmod(self.workdir_root, 0o711)  # slot uids may enter their own job folders, not list them
         stdlib, read_paths = _interpreter_paths()
+        # Official rules: LiveCodeBench's packages, read-only, through a per-slot folder of links.
+        site_packages: list[tuple[str, str]] = []
+        missing: list[str] = []
+        if self.config.code_rules == "official" and self.config.official_packages:
+            site_packages, missing = package_trees(self.config.official_packages)
+            if missing:
+                log.warning("sandbox: official_packages not installed here, so not importable: %s", ", ".join(missing))
+            read_paths = read_paths + [path for _, path in site_packages]
+        self.packages = sorted(set(self.config.official_packages) - set(missing)) if site_packages else []
         try:
             import pyseccomp
 
@@ -255,6 +300,7 @@ class SandboxPool:
                 "seccomp_dir": seccomp_dir, "read_paths": read_paths, "stdlib_paths": stdlib,
                 "uid": self.config.slot_uid_base + i if use_uid and self.config.slot_uid_base is not None else None,
                 "workdir_root": self.workdir_root, "keep_workdir": keep_workdir,
+                "site_packages": site_packages, "site_dir": os.path.join(self.workdir_root, f"site-{i}"),
             }
             slot = _Slot(i, setup)
             self._all.append(slot)
@@ -274,10 +320,12 @@ class SandboxPool:
                  info.get("seccomp"), self.uids if use_uid else "shared")
 
     def run(self, code: str, stdin: str | bytes = b"", *, fn_name: str | None = None, args: str = "",
-            timeout_s: float | None = None) -> RunResult:
-        """Run one program. stdin mode feeds `stdin`; functional mode calls Solution().fn_name(*args)."""
+            timeout_s: float | None = None, expected: str = "") -> RunResult:
+        """Run one program. stdin mode feeds `stdin`; functional mode calls Solution().fn_name(*args) (official
+        rules: compares the result with `expected` in the program's process, as lcb_runner does)."""
         c = self.config
         job: dict[str, Any] = {
+            "rules": c.code_rules, "expected": expected,
             "code": code, "stdin": stdin.encode() if isinstance(stdin, str) else stdin,
             "fn_name": fn_name, "args": args, "timeout_s": float(timeout_s or c.timeout_s),
             "memory_mb": c.memory_mb, "output_limit": c.output_limit_bytes, "file_limit": c.file_limit_bytes,
