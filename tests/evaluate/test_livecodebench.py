@@ -86,7 +86,28 @@ def test_stdin_and_functional_problems() -> None:
 
 
 def test_lcb_prompt_matches_livecodebench_text() -> None:
-    assert lcb_prompt("Q", "") == (
-        "### Question:\nQ\n\n### Format: Read the inputs from stdin solve the problem and write the answer to stdout "
-        "(do not directly test on the sample inputs). Enclose your code within delimiters as follows.\n```python\n"
-        "# YOUR CODE HERE\n```\n\n### Answer: (use the provided format with backticks)\n\n")
+    before = ("### Question:\nQ\n\n### Format: Read the inputs from stdin solve the problem and write the answer to stdout "
+              "(do not directly test on the sample inputs). Enclose your code within delimiters as follows.")
+    after = "\n```python\n# YOUR CODE HERE\n```\n\n### Answer: (use the provided format with backticks)\n\n"
+    assert lcb_prompt("Q", "", "lcb-2024") == before + after
+    assert lcb_prompt("Q", "") == before + (" Ensure that when the python program runs, it reads the inputs, runs the "
+                                            "algorithm and writes output to STDOUT.") + after
+
+
+def test_code_prompts_carry_lcb_runners_system_turn(tmp_path: Path) -> None:
+    from klear.common.config import load_config
+    from klear.evaluate.benchmarks import load_benchmarks
+    from klear.evaluate.config import EvaluateConfig
+    from klear.evaluate.livecodebench import LCB_SYSTEM_MESSAGE
+    from klear.evaluate.stage import prompt_groups
+
+    path = tmp_path / "lcb.jsonl"
+    path.write_text(json.dumps(lcb_row("q1", "2024-09-01", TESTS)) + "\n")
+    for system, form in ((LCB_SYSTEM_MESSAGE, "lcb"), ("", "lcb-2024")):
+        config = load_config(EvaluateConfig, "paper", [f"code_system_prompt={json.dumps(system)}", f"code_prompt={form}",
+                                                       "only=[livecodebench_v5]"])
+        (row,) = next(iter(prompt_groups(load_benchmarks([str(path)], config), config).values()))
+        chat = row.get("messages") or [{"role": "user", "content": row["prompt"]}]
+        assert [t["role"] for t in chat] == (["system", "user"] if system else ["user"])
+        assert chat[0]["content"] == system or not system
+        assert ("Ensure that when the python program runs" in chat[-1]["content"]) == (form == "lcb")

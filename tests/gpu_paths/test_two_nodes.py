@@ -1,11 +1,13 @@
 """Distributed training as a cluster runs it: the command of a Kubeflow Trainer TrainJob's pods (rendered by
 klear.training.trainjob, `exec python -m accelerate.commands.launch ...` with $PET_NODE_RANK, $PET_MASTER_ADDR,
-$PET_MASTER_PORT) started twice on loopback as two nodes x one process, SFT under DeepSpeed ZeRO-3 on gloo
-(DeepSpeed's CPU accelerator). Each "node" has its own $TMPDIR, as each pod has its own disk.
+$PET_MASTER_PORT) started twice on loopback as two nodes x one process, SFT and GPPO (transformers rollouts)
+under DeepSpeed ZeRO-3 on gloo (DeepSpeed's CPU accelerator). Each "node" has its own $TMPDIR, as each pod has
+its own disk: a checkpoint is complete only with the partitions both nodes uploaded.
 
 Resuming across node counts: with ZeRO-3 a checkpoint holds one optimizer partition per rank, which DeepSpeed
-cannot re-split, so a run with another number of processes is refused by name (checkpoints.world_size_problem);
-without DeepSpeed it resumes with a warning. Same node count: resumes (tests/sft, tests/gppo)."""
+cannot re-split, so a run with another number of processes is refused by name, both ways
+(checkpoints.world_size_problem); without DeepSpeed it resumes with a warning. Same node count: resumes
+(tests/sft, tests/gppo)."""
 
 from __future__ import annotations
 
@@ -19,19 +21,31 @@ from typing import Any
 import pytest
 
 from klear.common import storage
+from klear.gppo.stage import STAGE as GPPO
 from klear.sft.stage import STAGE as SFT
 from klear.training import checkpoints
+from klear.training.stage import TrainingStage
 from klear.training.trainjob import JobSpec, render_trainjob
 from tests.conftest import free_port
 
 pytestmark = [pytest.mark.vllm_cpu, pytest.mark.slow]
 
+SFT_SETS = ["deepspeed=zero3", "num_epochs=1", "save_steps=4"]
 
-def node_command(nodes: int, model: str, data: list[str], output: str) -> list[str]:
-    spec = JobSpec(name="klear-sft-test", image="klear/klear-cpu:test", stage=SFT, nodes=nodes, gpus_per_node=1,
-                   model=model, data=data, output=output, preset="tiny",
-                   overrides=["deepspeed=zero3", "num_epochs=1", "save_steps=4"])
+
+def node_command(nodes: int, model: str, data: list[str], output: str, stage: TrainingStage = SFT,
+                 preset: str = "tiny", overrides: list[str] = SFT_SETS) -> list[str]:
+    spec = JobSpec(name=f"klear-{stage.name}-test", image="klear/klear-cpu:test", stage=stage, nodes=nodes,
+                   gpus_per_node=1, model=model, data=data, output=output, preset=preset, overrides=overrides)
     return list(render_trainjob(spec)["spec"]["trainer"]["command"])
+
+
+def run_nodes(command: list[str], nodes: int, tmp: Path, timeout: float = 480) -> list[tuple[int, str]]:
+    """`nodes` pods of one job, run to their end: (exit status, output) of each."""
+    port = free_port()
+    started = [start_node(command, rank, port, tmp) for rank in range(nodes)]
+    logs = [node.communicate(timeout=timeout)[0] for node in started]
+    return [(node.returncode, log) for node, log in zip(started, logs, strict=True)]
 
 
 def start_node(command: list[str], rank: int, port: int, tmp: Path) -> subprocess.Popen[str]:
@@ -46,11 +60,11 @@ def start_node(command: list[str], rank: int, port: int, tmp: Path) -> subproces
 def two_nodes(tiny_model: str, demo_files: list[str], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     tmp = tmp_path_factory.mktemp("two-nodes")
     output = str(tmp / "sft")
-    command, port = node_command(2, tiny_model, demo_files, output), free_port()
+    command = node_command(2, tiny_model, demo_files, output)
     assert command[:2] == ["bash", "-c"] and "--num_machines 2" in command[2] and "$PET_NODE_RANK" in command[2]
-    nodes = [start_node(command, rank, port, tmp) for rank in (0, 1)]
-    logs = [node.communicate(timeout=480)[0] for node in nodes]
-    assert [node.returncode for node in nodes] == [0, 0], "\n".join(log[-3000:] for log in logs)
+    nodes = run_nodes(command, 2, tmp)
+    logs = [log for _, log in nodes]
+    assert [code for code, _ in nodes] == [0, 0], "\n".join(log[-3000:] for log in logs)
     return {"output": output, "logs": logs, "tmp": tmp}
 
 
@@ -60,24 +74,52 @@ def test_sft_zero3_on_two_nodes_then_refused_on_one(two_nodes: dict[str, Any], t
     assert all(log.count("INFO klear.sft: data:") == 1 for log in two_nodes["logs"]), "one rank per node"
     report = json.loads(storage.read_bytes(f"{output}/report.json"))
     assert report["training"]["global_step"] > 0 and report["metrics"]["final_loss"] < report["metrics"]["first_loss"]
-    assert _newest_checkpoint(output).meta["world_size"] == 2
 
     # The same job on one node: the checkpoint's two ZeRO-3 partitions cannot be re-split for one process.
-    one = start_node(node_command(1, tiny_model, demo_files, output), 0, free_port(), two_nodes["tmp"])
-    log = one.communicate(timeout=300)[0]
-    assert one.returncode != 0, log[-3000:]
-    assert "the checkpoint was written by 2 processes and this run has 1: DeepSpeed ZeRO partitions cannot be " \
-           "re-split" in log, log[-3000:]
+    [(code, log)] = run_nodes(node_command(1, tiny_model, demo_files, output), 1, two_nodes["tmp"], timeout=300)
+    assert code != 0 and _refusal(output, 2, 1) in log, log[-3000:]
 
 
-@pytest.mark.xfail(strict=True, reason="known gap: only the world's rank 0 publishes a checkpoint, from its own "
-                   "node's disk, so on several nodes the other nodes' ZeRO-3 partitions are not in it (a resume on "
-                   "as many nodes would miss them). On one node all ranks share the disk and it is complete.")
-def test_a_two_node_checkpoint_holds_every_ranks_partition(two_nodes: dict[str, Any]) -> None:
-    names = sorted(n.split("/")[-1] for n in _newest_checkpoint(two_nodes["output"]).files
-                   if n.endswith("optim_states.pt"))
-    assert names == [f"bf16_zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in (0, 1)], names
+def test_a_two_node_checkpoint_holds_every_ranks_files(two_nodes: dict[str, Any]) -> None:
+    _assert_complete(two_nodes["output"], ranks=2)
 
 
-def _newest_checkpoint(output: str) -> Any:
-    return storage.read_manifest(str(checkpoints.checkpoint_uri(output, checkpoints.published_steps(output)[-1])))
+def test_a_one_node_checkpoint_is_refused_on_two_nodes(tiny_model: str, demo_files: list[str], tmp_path: Path) -> None:
+    output = str(tmp_path / "sft")
+    sets = [*SFT_SETS[:2], "save_steps=2"]
+    [(code, log)] = run_nodes(node_command(1, tiny_model, demo_files[:1], output, overrides=sets), 1, tmp_path)
+    assert code == 0, log[-3000:]
+    _assert_complete(output, ranks=1)
+    for code, log in run_nodes(node_command(2, tiny_model, demo_files[:1], output, overrides=sets), 2, tmp_path, 300):
+        assert code != 0 and _refusal(output, 1, 2) in log, log[-3000:]  # every node refuses, none trains
+
+
+def test_gppo_zero3_on_two_nodes(tiny_model: str, demo_files: list[str], tmp_path: Path) -> None:
+    output = str(tmp_path / "gppo")
+    sets = ["deepspeed=zero3", "max_steps=2", "save_steps=2", "reward.scorer=tests.gppo.toy_scorers:digit_fraction"]
+    nodes = run_nodes(node_command(2, tiny_model, demo_files[:1], output, GPPO, "tiny-math", sets), 2, tmp_path)
+    assert [code for code, _ in nodes] == [0, 0], "\n".join(log[-3000:] for _, log in nodes)
+    report = json.loads(storage.read_bytes(f"{output}/report.json"))
+    assert report["training"]["global_step"] == 2 and report["training"]["checkpoints_published"] == [2]
+    _assert_complete(output, ranks=2)
+
+
+def _refusal(output: str, written_by: int, now: int) -> str:
+    uri = checkpoints.checkpoint_uri(output, checkpoints.published_steps(output)[-1])
+    return f"the checkpoint {uri} was written by {written_by} processes and this run has {now}: DeepSpeed ZeRO " \
+           "partitions cannot be re-split"
+
+
+def _assert_complete(output: str, ranks: int) -> None:
+    """The newest checkpoint lists every rank's ZeRO-3 partitions and RNG state, and nothing else is beside them."""
+    uri = checkpoints.checkpoint_uri(output, checkpoints.published_steps(output)[-1])
+    manifest = storage.read_manifest(uri)
+    assert manifest.meta["world_size"] == ranks and manifest.meta["nodes"] == ranks
+    names = sorted(name.split("/")[-1] for name in manifest.files)
+    for kind in ("optim_states.pt", "model_states.pt"):  # bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt, ...
+        partitions = [n for n in names if n.endswith(kind) and "zero_pp_rank_" in n]
+        assert sorted(int(n.split("zero_pp_rank_")[1].split("_")[0]) for n in partitions) == list(range(ranks)), names
+    if ranks > 1:
+        assert {f"rng_state_{r}.pth" for r in range(ranks)} <= set(names), names
+    # Exactly what the manifest lists (each node's record of its files went when the manifest was written).
+    assert set(storage.list_files(uri)) - {storage.MANIFEST_NAME, storage.LEASE_NAME} == set(manifest.files)

@@ -773,9 +773,12 @@ class Manifest:
             raise StorageError(f"{origin}: corrupt manifest ({exc})") from None
 
 
-def publish_dir(local_dir: str | Path, dest: str | Uri, meta: dict[str, Any] | None = None) -> Manifest:
+def publish_dir(local_dir: str | Path, dest: str | Uri, meta: dict[str, Any] | None = None,
+                complete: Callable[[dict[str, dict[str, Any]]], dict[str, dict[str, Any]]] | None = None) -> Manifest:
     """Publish every file under `local_dir` to `dest`, then the manifest, last; `dest` then holds exactly the
     files the manifest lists (nested outputs, such as checkpoints with their own manifest, are left alone).
+    `complete`, once this writer's files are up, gets their entries and returns what the manifest lists: with
+    the files other writers uploaded into `dest` (the other nodes of a multi-node checkpoint); it may wait or raise.
 
     Runs under the lease of an enclosing `claim_output(dest)`, else claims `dest` for its own duration: a
     concurrent writer fails with OutputBusyError, never publishes beside this one. The earlier manifest is
@@ -792,6 +795,8 @@ def publish_dir(local_dir: str | Path, dest: str | Uri, meta: dict[str, Any] | N
         delete(loc.join(MANIFEST_NAME))
         for rel in entries:
             upload_file(root / rel, loc.join(rel))
+        if complete is not None:
+            entries = complete(entries)
         _remove_unlisted(loc, entries)
         lease.verify()  # a writer that lost its lease must not publish over its successor
         manifest = Manifest(files=entries, meta=_with_lineage(loc, meta), created=_now(), run_id=lease.run_id)

@@ -15,7 +15,7 @@ from klear import testsets
 from klear.common.records import RecordError, Source, iter_chunks, parse_chunk
 from klear.common.sample_rows import prompt_text
 from klear.evaluate.config import EvaluateConfig
-from klear.evaluate.livecodebench import LcbError, is_livecodebench, parse_problem
+from klear.evaluate.livecodebench import LcbError, is_livecodebench, lcb_prompt, parse_problem
 from klear.judge.problems import Problem
 
 __all__ = ["BenchmarkError", "BenchmarkSet", "EvalProblem", "load_benchmarks"]
@@ -38,6 +38,7 @@ class EvalProblem:
     problem: Problem  # the judge's reference (answer or tests)
     info: dict[str, Any] = field(default_factory=dict)  # code: title, platform, difficulty, contest_date
     where: str = ""
+    system: str = ""  # a system turn sent before the prompt ("" = none)
 
 
 @dataclass
@@ -60,7 +61,7 @@ def _add(found: BenchmarkSet, item: EvalProblem) -> None:
             raise BenchmarkError(f"problem id {item.id!r} appears twice with different content: {earlier.where} and "
                                  f"{item.where}")
         item = EvalProblem(item.id, item.kind, tuple(dict.fromkeys(earlier.benchmarks + item.benchmarks)),
-                           item.prompt, item.problem, earlier.info, earlier.where)
+                           item.prompt, item.problem, earlier.info, earlier.where, item.system)
     found.problems[item.id] = item
     for name in item.benchmarks:
         ids = found.members.setdefault(name, [])
@@ -101,7 +102,8 @@ def _code_problem(row: dict[str, Any], where: str, config: EvaluateConfig, found
     problem = Problem.make(lcb.id, "code", None, lcb.tests, lcb.fn_name, source=windows[0], prompt=lcb.content)
     info = {"title": lcb.title, "platform": lcb.platform, "difficulty": lcb.difficulty,
             "contest_date": lcb.day.isoformat(), "tests": len(lcb.tests), "functional": lcb.fn_name is not None}
-    return EvalProblem(lcb.id, "code", windows, lcb.prompt, problem, info, where)
+    return EvalProblem(lcb.id, "code", windows, lcb_prompt(lcb.content, lcb.starter_code, config.code_prompt), problem,
+                       info, where, config.code_system_prompt)
 
 
 def _load_file(spec: str, config: EvaluateConfig, found: BenchmarkSet) -> dict[str, int]:

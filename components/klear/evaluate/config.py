@@ -8,6 +8,7 @@ from typing import Any, ClassVar, Literal
 import pydantic
 
 from klear.common.config import StageConfig
+from klear.evaluate.livecodebench import LCB_SYSTEM_MESSAGE
 from klear.judge.config import JudgeConfig
 from klear.sample.config import SampleConfig
 
@@ -61,8 +62,14 @@ class EvaluateConfig(StageConfig):
     # Prompts sent when this stage samples (or prepares prompts for the sample stage). Code prompts follow
     # LiveCodeBench's generic template (klear.evaluate.livecodebench.lcb_prompt).
     math_template: str = pydantic.Field(
-        "{problem}\nPlease reason step by step, and put your final answer within \\boxed{{}}.",
-        description="math prompt; {problem} is the problem text")
+        MATH_TEMPLATES["instructed"],
+        description="math prompt: raw (the problem alone, as the release's benchmark rows and RL prompts), instructed "
+        "(+ 'Please reason step by step ... \\boxed{}'), or a template with {problem}")
+    code_prompt: Literal["lcb", "lcb-2024"] = pydantic.Field(
+        "lcb", description="code prompt: lcb (lcb_runner today, whose stdin instruction gained 'Ensure that when the "
+        "python program runs, ... STDOUT.' on 2024-12-26) or lcb-2024 (the instruction before that)")
+    code_system_prompt: str = pydantic.Field(
+        LCB_SYSTEM_MESSAGE, description="system turn of code prompts: lcb_runner's generic one for chat models; '' = none")
     # n is ignored: each benchmark's k decides how many samples its problems get.
     sampling: SampleConfig = SampleConfig()
     official_extras: OfficialExtras = OfficialExtras()

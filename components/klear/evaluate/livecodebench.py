@@ -21,8 +21,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["LcbError", "LcbProblem", "contest_day", "decode_private_tests", "is_livecodebench", "lcb_prompt",
-           "parse_problem", "PlainDataUnpickler"]
+__all__ = ["LCB_SYSTEM_MESSAGE", "LcbError", "LcbProblem", "contest_day", "decode_private_tests", "is_livecodebench",
+           "lcb_prompt", "parse_problem", "PlainDataUnpickler"]
 
 MAX_DECODED_BYTES = 1 << 30  # one problem's private tests, decompressed; LiveCodeBench's largest are far below
 _LCB_FIELDS = ("question_id", "question_content")
@@ -32,6 +32,11 @@ _TEST_FIELDS = ("public_test_cases", "private_test_cases")
 _WITH_STARTER = "You will use the following starter code to write the solution to the problem and enclose your code within delimiters."
 _WITHOUT_STARTER = ("Read the inputs from stdin solve the problem and write the answer to stdout (do not directly test "
                     "on the sample inputs). Enclose your code within delimiters as follows.")
+# Appended to the stdin instruction on 2024-12-26 (lcb_runner commit 264e841); code_prompt lcb-2024 leaves it out.
+_STDOUT_SENTENCE = " Ensure that when the python program runs, it reads the inputs, runs the algorithm and writes output to STDOUT."
+# PromptConstants.SYSTEM_MESSAGE_GENERIC: the system turn lcb_runner sends chat models (OpenAIChat and the like).
+LCB_SYSTEM_MESSAGE = ("You are an expert Python programmer. You will be given a question (problem specification) and will "
+                      "generate a correct Python program that matches the specification and passes all tests.")
 
 
 class LcbError(ValueError):
@@ -174,11 +179,13 @@ def parse_problem(row: Mapping[str, Any], where: str, decode_tests: bool = True)
                       difficulty=str(row.get("difficulty") or ""), day=day, fn_name=fn_name, tests=tests)
 
 
-def lcb_prompt(content: str, starter_code: str) -> str:
-    """The user turn LiveCodeBench sends chat models: question, format (starter code or stdin), answer cue."""
+def lcb_prompt(content: str, starter_code: str, form: str = "lcb") -> str:
+    """The user turn LiveCodeBench sends chat models: question, format (starter code or stdin), answer cue; `form`
+    lcb is today's runner, lcb-2024 its stdin instruction before 2024-12-26."""
     prompt = f"### Question:\n{content}\n\n"
     if starter_code:
         prompt += f"### Format: {_WITH_STARTER}\n```python\n{starter_code}\n```\n\n"
     else:
-        prompt += f"### Format: {_WITHOUT_STARTER}\n```python\n# YOUR CODE HERE\n```\n\n"
+        instruction = _WITHOUT_STARTER + (_STDOUT_SENTENCE if form == "lcb" else "")
+        prompt += f"### Format: {instruction}\n```python\n# YOUR CODE HERE\n```\n\n"
     return prompt + "### Answer: (use the provided format with backticks)\n\n"

@@ -62,6 +62,7 @@ from klear.evaluate.scoring import ProblemScore, SampleScore, Selection, score_b
 from klear.judge import Judge, Judgement
 from klear.judge.io import ScoreStore, fingerprint, settings_key
 from klear.sample.config import SampleConfig
+from klear.verifiers.config import VerifierConfig
 
 __all__ = ["check_sampling", "prompt_groups", "run", "sample_overrides", "sample_then_run", "write_prompts"]
 
@@ -419,21 +420,70 @@ def _settings(config: EvaluateConfig, bench: BenchmarkSet, source_info: Mapping[
         "official_extras": config.official_extras.model_dump(mode="json"),
         "settings_check": config.settings_check,
         "math_template": config.math_template.format(problem="{problem}"),
-        "code_prompt": CODE_PROMPT,
-        "math_judging": (f"the last \\boxed{{}} after {verifier.think_end!r} (math-verify); required </think>: "
+        "math_prompt": config.math_prompt,
+        "sampling_extras": config.sampling_extras,
+        "code_prompt": (f"{CODE_PROMPT}; form {config.code_prompt} ("
+                        f"{'stdin instruction as since 2024-12-26' if config.code_prompt == 'lcb' else 'before 2024-12-26'}"
+                        f"); system turn: {config.code_system_prompt or 'none'}"),
+        "math_judging": MATH_MODE_RULES["official"] if verifier.math_mode == "official" else (
+                         f"strict: the last \\boxed{{}} after {verifier.think_end!r} (math-verify); required </think>: "
                          f"{verifier.require_think_end}; required box: {verifier.require_box}; conflicting boxes "
                          f"{'rejected' if verifier.reject_conflicting_boxes else 'allowed (the last one counts)'}; "
                          "truncated responses wrong"),
-        "code_judging": (f"last ```python block after {verifier.think_end!r}; public + private tests; mode "
-                         f"{verifier.code_mode}; {verifier.timeout_s:g} s per test; {verifier.memory_mb} MB; correct "
-                         f"only if every test passes; tests per problem: "
-                         f"{'all' if verifier.max_tests is None else verifier.max_tests}; truncated responses wrong"),
+        "code_judging": code_judging(verifier),
         "scoring": SCORING,
         "judge": config.judge.model_dump(mode="json"),
         "benchmark_files": bench.sources,
         "benchmark_uris": list(benchmark_uris),
         "samples": {label: list(info) for label, info in source_info.items()},
     }
+
+
+def code_judging(verifier: VerifierConfig) -> str:
+    """The report's line on code judging: extraction, execution and comparison rules, limits (verifier.code_rules)."""
+    common = (f"public + private tests; mode {verifier.code_mode}; {verifier.timeout_s:g} s per test; "
+              f"{verifier.memory_mb} MB; each test in a fresh confined process with real stdin; correct only if every "
+              f"test passes; tests per problem: {'all' if verifier.max_tests is None else verifier.max_tests}")
+    if verifier.code_rules == "official":
+        return ("rules official (lcb_runner): the last fenced block of the raw output, finish reason ignored; " + common +
+                "; lines equal as text or as Decimal lists; call-based results compared with == in-process; "
+                f"SystemExit ignored; ints print up to 50,000 digits; importable: {', '.join(verifier.official_packages)} "
+                "(those installed)")
+    return (f"rules strict: last ```python block after {verifier.think_end!r}, truncated responses wrong; " + common +
+            "; output compared token by token (numbers as numbers); standard library only")
+
+
+MATH_MODE_RULES = {
+    "strict": "the last \\boxed{} after </think>, truncated responses wrong",
+    "official": ("official: as the released judge_math.py: math-verify over the whole response (the last \\boxed{} "
+                 "anywhere, else the last number), finish reason ignored"),
+}
+
+
+def benchmark_rules(config: EvaluateConfig, kind: str) -> dict[str, Any]:
+    """How one benchmark was run and judged, for the report's protocol table: judging mode, prompt template,
+    sampling extras, and (code) the execution rules."""
+    verifier = config.judge.verifier
+    extras = config.sampling_extras
+    sampling = "paper (T, top_p only)" if extras == "paper" else (
+        f"release extras (top_k {config.official_extras.top_k}, repetition_penalty "
+        f"{config.official_extras.repetition_penalty:g}, seed {config.official_extras.seed})")
+    if kind == "math":
+        return {"judging": verifier.math_mode, "prompt": config.math_prompt, "sampling_extras": sampling,
+                "execution": None}
+    return {"judging": code_judging_mode(verifier), "prompt": "LiveCodeBench", "sampling_extras": sampling,
+            "execution": code_execution_rules(verifier)}
+
+
+def code_judging_mode(verifier: Any) -> str:
+    """The code extraction rule's name (strict: the last python block after </think>)."""
+    return str(getattr(verifier, "code_rules", "strict"))
+
+
+def code_execution_rules(verifier: Any) -> str:
+    """The sandbox rules a code benchmark ran under, in words."""
+    return (f"{verifier.code_mode}, {verifier.timeout_s:g} s per test, {verifier.memory_mb} MB, tests per problem: "
+            f"{'all' if verifier.max_tests is None else verifier.max_tests}")
 
 
 def _notes(config: EvaluateConfig, bench: BenchmarkSet, labels: Sequence[str], selections: Mapping[str, Selection],
@@ -480,8 +530,10 @@ def prompt_groups(bench: BenchmarkSet, config: EvaluateConfig) -> dict[tuple[str
     benchmarks is sampled once, as many times as the largest k among them."""
     groups: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
     for pid, item in bench.problems.items():
-        groups[(item.kind, bench.k_of(pid, config))].append(
-            {"id": pid, "prompt": item.prompt, "benchmark": ",".join(item.benchmarks)})
+        # A system turn (code: lcb_runner's) travels as a chat; the sample rows still record the user turn as prompt.
+        ask = {"messages": [{"role": "system", "content": item.system}, {"role": "user", "content": item.prompt}]} \
+            if item.system else {"prompt": item.prompt}
+        groups[(item.kind, bench.k_of(pid, config))].append({"id": pid, **ask, "benchmark": ",".join(item.benchmarks)})
     return dict(sorted(groups.items()))
 
 

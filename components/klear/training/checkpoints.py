@@ -7,10 +7,15 @@ was cut off mid-upload and is ignored.
 
 Uploads run in a background thread from a hard-linked snapshot of the local checkpoint, so the
 Trainer keeps training (and may rotate its local copies) while the upload goes on; only the next
-checkpoint waits for the previous upload. On a single node all ranks write to one local folder,
-so rank 0 uploads everything after a barrier. Multi-node DeepSpeed runs write per-rank optimizer
-shards on each node: put the local checkpoint folder on a shared volume there, or resume from the
-Hugging Face-format weights each checkpoint also holds (see README).
+checkpoint waits for the previous upload. Each node's first process uploads what its node's disk
+holds (on one node: everything; on several: the node's ranks' ZeRO-3 partitions and RNG states, the
+world's rank 0 also the weights and trainer state). The other nodes then record their files in a
+`_PART-<rank>.json` beside them, and the world's rank 0 writes the manifest only once every node's
+record of this save is there: a checkpoint is complete with every rank's files, or not at all.
+
+Resuming needs the number of processes that wrote the checkpoint when it holds DeepSpeed ZeRO
+partitions (they cannot be re-split); another number is refused by name, and a new run can start
+from the checkpoint's Hugging Face weights instead. Without DeepSpeed it resumes with a warning.
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ import os
 import re
 import shutil
 import threading
+import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +41,9 @@ CHECKPOINTS = "checkpoints"
 META_FILE = "klear_checkpoint.json"  # the manifest's meta (step, world size), kept beside a downloaded checkpoint
 TENSORBOARD = "tensorboard"  # the TensorBoard logs so far, so curves continue across restarts
 _STEP_DIR = re.compile(r"^step-(\d+)$")
+PART_PREFIX = "_PART-"  # `_PART-<first rank of a node>.json`: the files that node uploaded into a checkpoint
+PARTS_WAIT_S = 3600.0  # rank 0 gives a checkpoint up, unpublished, when another node's files take longer
+PARTS_POLL_S = 1.0
 
 
 def checkpoint_uri(output: str, step: int) -> storage.Uri:
@@ -85,16 +95,18 @@ def newest_checkpoint(output: str, local_root: Path) -> Path | None:
     return None
 
 
-def world_size_problem(written_by: int | None, now: int, deepspeed: bool) -> tuple[str, str] | None:
-    """("error" | "warning", message) when resuming a checkpoint written by another number of processes."""
+def world_size_problem(written_by: int | None, now: int, deepspeed: bool,
+                       checkpoint: str = "<output>/checkpoints/step-N") -> tuple[str, str] | None:
+    """("error" | "warning", message) when resuming `checkpoint` written by another number of processes."""
     if written_by is None or written_by == now:
         return None
     if deepspeed:
-        return "error", (f"the checkpoint was written by {written_by} processes and this run has {now}: DeepSpeed ZeRO "
-                         "partitions cannot be re-split. Run with the same number of processes, or start a new run "
-                         "from the checkpoint's Hugging Face weights (--model <output>/checkpoints/step-N)")
-    return "warning", (f"the checkpoint was written by {written_by} processes and this run has {now}: optimizer and "
-                       "schedule resume, the data position is recomputed from the optimizer step for the new batch size")
+        return "error", (f"the checkpoint {checkpoint} was written by {written_by} processes and this run has {now}: "
+                         f"DeepSpeed ZeRO partitions cannot be re-split. Run with {written_by} processes, or start a "
+                         f"new run (another --output) from the checkpoint's Hugging Face weights: --model {checkpoint}")
+    return "warning", (f"the checkpoint {checkpoint} was written by {written_by} processes and this run has {now}: "
+                       "optimizer and schedule resume, the data position is recomputed from the optimizer step for "
+                       "the new batch size")
 
 
 def resume_point(output: str, trainer_dir: Path, work: Path, enabled: bool, deepspeed: bool,
@@ -119,10 +131,15 @@ def resume_point(output: str, trainer_dir: Path, work: Path, enabled: bool, deep
             for step in steps:
                 log.warning("resume=false: deleting checkpoint step %d of an earlier run in %s", step, output)
                 delete_checkpoint(output, step)
-        elif steps and fingerprint is not None:
-            recorded = storage.read_manifest(checkpoint_uri(output, steps[-1])).meta.get("fingerprint")
-            parts = differing_parts(recorded, fingerprint)
+        elif steps:
+            newest = checkpoint_uri(output, steps[-1])
+            meta = storage.read_manifest(newest).meta
+            parts = differing_parts(meta.get("fingerprint"), fingerprint) if fingerprint is not None else None
             error = mismatch_message(output, parts) if parts else None
+            # Refused before a download of every rank's partitions.
+            problem = world_size_problem(meta.get("world_size"), state.num_processes, deepspeed, str(newest))
+            if error is None and problem and problem[0] == "error":
+                error = problem[1]
         if enabled and error is None:
             found = newest_checkpoint(output, trainer_dir)
         marker.write_text(json.dumps({"path": str(found) if found else None, "error": error}))
@@ -134,7 +151,8 @@ def resume_point(output: str, trainer_dir: Path, work: Path, enabled: bool, deep
     if not path:
         return None
     meta = json.loads((Path(path) / META_FILE).read_text())
-    problem = world_size_problem(meta.get("world_size"), state.num_processes, deepspeed)
+    problem = world_size_problem(meta.get("world_size"), state.num_processes, deepspeed,
+                                 str(checkpoint_uri(output, int(Path(path).name.split("-")[-1]))))
     if problem and problem[0] == "error":
         raise ValueError(problem[1])
     if problem:
@@ -177,6 +195,49 @@ def _snapshot(source: Path, target: Path) -> None:
             shutil.copy2(path, dest)
 
 
+def file_entries(root: Path) -> dict[str, dict[str, Any]]:
+    """Relative path -> {"size", "sha256"} of every file under `root`, as a manifest lists them."""
+    return {p.relative_to(root).as_posix(): {"size": p.stat().st_size, "sha256": storage.sha256_file(p)}
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def node_ranks(first_rank_of: list[int]) -> dict[int, list[int]]:
+    """Node (named by its first global rank) -> its ranks, given the first rank of every rank's node."""
+    nodes: dict[int, list[int]] = {}
+    for rank, first in enumerate(first_rank_of):
+        nodes.setdefault(first, []).append(rank)
+    return nodes
+
+
+def merge_parts(own: dict[str, dict[str, Any]], parts: dict[int, dict[str, dict[str, Any]]],
+                where: str) -> dict[str, dict[str, Any]]:
+    """A checkpoint's files: the publishing node's and every other node's (by first rank). A file two nodes
+    hold must be the same bytes: the object holds whichever upload came last."""
+    merged = dict(own)
+    for first, files in sorted(parts.items()):
+        for name, entry in files.items():
+            if name in merged and merged[name]["sha256"] != entry["sha256"]:
+                raise storage.StorageError(f"{where}/{name}: the node of rank {first} holds other content under this "
+                                           "name than another node; the checkpoint is not published")
+            merged[name] = entry
+    return merged
+
+
+def _agree(rank: int, local_rank: int) -> tuple[str, dict[int, list[int]]]:
+    """Rank 0's token for this save (a node's record of an earlier attempt at the same step is not taken for
+    this one's) and the ranks of every node; a collective, so every rank calls it."""
+    import torch.distributed as dist
+
+    token, first = uuid.uuid4().hex, rank - local_rank  # torchrun numbers a node's processes consecutively
+    if not (dist.is_available() and dist.is_initialized()):
+        return token, {first: [rank]}
+    box = [token]
+    dist.broadcast_object_list(box, src=0)
+    firsts: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(firsts, first)
+    return box[0], node_ranks(firsts)
+
+
 class CheckpointUploader(TrainerCallback):
     """Publishes each local Trainer checkpoint to `<output>/checkpoints/step-N` in the background."""
 
@@ -192,32 +253,92 @@ class CheckpointUploader(TrainerCallback):
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self.published: list[int] = []
+        self.parts_wait_s = PARTS_WAIT_S
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         import torch.distributed as dist
 
         if dist.is_available() and dist.is_initialized():
             dist.barrier()  # every rank has written its part of the checkpoint
-        if not state.is_world_process_zero:
-            return
+        rank, local_rank = getattr(args, "process_index", 0), getattr(args, "local_process_index", 0)
+        token, nodes = _agree(rank, local_rank)
+        if local_rank != 0:
+            return  # the node's first process uploads what the node's disk holds
         self.wait()
         self.world_size = args.world_size
         step = state.global_step
         snapshot = self.staging / f"step-{step}"
         shutil.rmtree(snapshot, ignore_errors=True)
         _snapshot(Path(args.output_dir) / f"checkpoint-{step}", snapshot)
+        if not state.is_world_process_zero:
+            self._thread = threading.Thread(target=self._upload_part, args=(snapshot, step, token, rank, nodes[rank]),
+                                            name=f"upload-step-{step}", daemon=True)
+            self._thread.start()
+            return
         if self.tensorboard is not None:
             self.tensorboard.flush()  # copied, not linked: the writer keeps appending to its file
             shutil.rmtree(snapshot / TENSORBOARD, ignore_errors=True)  # a resumed checkpoint's copy is older
             shutil.copytree(self.tensorboard.log_dir, snapshot / TENSORBOARD)
-        self._thread = threading.Thread(target=self._upload, args=(snapshot, step), name=f"upload-step-{step}", daemon=True)
+        others = {first: ranks for first, ranks in nodes.items() if first != rank}
+        self._thread = threading.Thread(target=self._upload, args=(snapshot, step, token, others),
+                                        name=f"upload-step-{step}", daemon=True)
         self._thread.start()
 
-    def _upload(self, snapshot: Path, step: int) -> None:
+    def _upload_part(self, snapshot: Path, step: int, token: str, first: int, ranks: list[int]) -> None:
+        """Another node's share: its files, then its record of them, which rank 0 waits for."""
+        uri = checkpoint_uri(self.output, step)
+        record: dict[str, Any] = {"token": token, "ranks": ranks}
         try:
+            files = file_entries(snapshot)
+            storage.delete(uri.join(storage.MANIFEST_NAME))  # an earlier publish of this step is not complete now
+            for name in files:
+                storage.upload_file(snapshot / name, uri.join(name))
+            record["files"] = files
+            log.info("checkpoint step %d: the files of ranks %s uploaded to %s", step, ranks, uri)
+        except BaseException as exc:  # noqa: BLE001 (recorded for rank 0, surfaced here by wait())
+            self._error, record["error"] = exc, str(exc)[:500]
+        try:
+            storage.write_bytes(uri.join(f"{PART_PREFIX}{first}.json"), json.dumps(record).encode())
+        except BaseException as exc:  # noqa: BLE001 (surfaced on the training thread by wait())
+            self._error = self._error or exc
+        finally:
+            shutil.rmtree(snapshot, ignore_errors=True)
+
+    def _await_parts(self, uri: storage.Uri, token: str, others: dict[int, list[int]]) -> dict[int, dict[str, Any]]:
+        """The other nodes' files of this save, once each has recorded them; raises on a node's failure or when
+        one takes longer than `parts_wait_s` (the checkpoint then stays unpublished)."""
+        deadline = time.monotonic() + self.parts_wait_s
+        parts: dict[int, dict[str, Any]] = {}
+        while True:
+            for first in sorted(others.keys() - parts.keys()):
+                record_uri = uri.join(f"{PART_PREFIX}{first}.json")
+                if not storage.exists(record_uri):
+                    continue
+                record = json.loads(storage.read_bytes(record_uri))
+                if record.get("token") != token:
+                    continue  # left by an earlier attempt at this step
+                if record.get("error"):
+                    raise storage.StorageError(f"{uri}: the node of ranks {others[first]} failed to upload its files: "
+                                               f"{record['error']}")
+                parts[first] = record["files"]
+            if len(parts) == len(others):
+                return parts
+            if time.monotonic() > deadline:
+                missing = sorted(r for first in others.keys() - parts.keys() for r in others[first])
+                raise storage.StorageError(f"{uri}: the files of ranks {missing} did not arrive within "
+                                           f"{self.parts_wait_s:.0f} s; the checkpoint stays unpublished")
+            time.sleep(PARTS_POLL_S)
+
+    def _upload(self, snapshot: Path, step: int, token: str = "", others: dict[int, list[int]] | None = None) -> None:
+        try:
+            uri = checkpoint_uri(self.output, step)
             meta = {"stage": self.stage, "global_step": step, "world_size": self.world_size,
-                    "fingerprint": self.fingerprint}
-            storage.publish_dir(snapshot, checkpoint_uri(self.output, step), meta=meta)
+                    "nodes": 1 + len(others or {}), "fingerprint": self.fingerprint}
+
+            def complete(own: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+                return merge_parts(own, self._await_parts(uri, token, others), str(uri)) if others else own
+
+            storage.publish_dir(snapshot, uri, meta=meta, complete=complete)
             log.info("checkpoint step %d published to %s", step, checkpoint_uri(self.output, step))
             self.published.append(step)
             for old in published_steps(self.output)[: -self.keep]:
