@@ -65,8 +65,8 @@ def test_evaluate_prompts(tmp_path: Path) -> None:
     assert pinned.engine_kwargs["hf_overrides"]["rope_parameters"]["factor"] == 2.5 and pinned.max_tokens == 65536
     prompts = [json.loads(line) for line in (out / "math-k64.jsonl").read_text().splitlines()]
     first = _items()[0]
-    assert prompts[0] == {"id": first["id"], "benchmark": first["benchmark"], "prompt": first["problem"] +
-                          "\nPlease reason step by step, and put your final answer within \\boxed{}."}
+    # the paper preset asks the raw problem, as the released benchmark rows and RL prompts do
+    assert prompts[0] == {"id": first["id"], "benchmark": first["benchmark"], "prompt": first["problem"]}
     sampling = (out / "sampling-math-k64.yaml").read_text()
     for line in ("n: 64", "temperature: 0.6", "top_p: 0.95", "max_tokens: 32768"):
         assert line in sampling.splitlines(), line

@@ -12,10 +12,18 @@ from klear.evaluate.livecodebench import LCB_SYSTEM_MESSAGE
 from klear.judge.config import JudgeConfig
 from klear.sample.config import SampleConfig
 
-__all__ = ["Benchmark", "EvaluateConfig", "OfficialExtras", "PROTOCOL_SAMPLING_KEYS"]
+__all__ = ["Benchmark", "EvaluateConfig", "MATH_TEMPLATES", "OfficialExtras", "PROTOCOL_SAMPLING_KEYS"]
 
 # Sampling settings that change the distribution scored: samples taken under other values are another protocol.
 PROTOCOL_SAMPLING_KEYS = ("temperature", "top_p", "top_k", "repetition_penalty", "max_tokens")
+
+# Math prompt templates by name; `math_template` may name one or give its own text with {problem}.
+MATH_TEMPLATES = {
+    # The released benchmark rows (benchmarks/aime24.qs.jsonl: one user turn, the problem alone) and RL prompts.
+    "raw": "{problem}",
+    # The common instruction for boxed answers (DeepSeek-R1's and Qwen3's evaluation recipes).
+    "instructed": "{problem}\nPlease reason step by step, and put your final answer within \\boxed{{}}.",
+}
 
 
 class Benchmark(StageConfig):
@@ -45,13 +53,16 @@ class Benchmark(StageConfig):
 
 
 class OfficialExtras(StageConfig):
-    """The released inference script's extra sampling settings (not in the paper's text); applied when enabled."""
+    """The released inference script's extra sampling settings (benchmarks/inference.py; not in the paper's text):
+    applied when enabled. Its 65,536 new tokens and 81,920 positions come with YaRN: the paper-64k preset's."""
 
     enabled: bool = False
     top_k: int = pydantic.Field(20, ge=0)
     repetition_penalty: float = pydantic.Field(1.05, gt=0)
     seed: int = pydantic.Field(0, ge=0)
-    max_model_len: int = pydantic.Field(81920, ge=0, description="0 = keep sampling.max_model_len")
+    # 0 keeps sampling.max_model_len: a length past the model's positions needs the rope scaling that goes with it
+    # (sampling.engine_kwargs.hf_overrides), which this switch does not add.
+    max_model_len: int = pydantic.Field(0, ge=0, description="0 = keep sampling.max_model_len")
 
 
 class EvaluateConfig(StageConfig):
@@ -78,6 +89,32 @@ class EvaluateConfig(StageConfig):
     judge: JudgeConfig = JudgeConfig()
     plot_dpi: int = pydantic.Field(100, ge=50, le=300)
     max_listed: int = pydantic.Field(20, ge=1, description="problem ids quoted in an error or note")
+
+    @pydantic.field_validator("math_template", mode="before")
+    @classmethod
+    def _named_template(cls, value: Any) -> Any:
+        return MATH_TEMPLATES.get(value, value) if isinstance(value, str) else value
+
+    @property
+    def math_prompt(self) -> str:
+        """The math template's name (raw, instructed), or "custom"."""
+        return next((name for name, text in MATH_TEMPLATES.items() if text == self.math_template), "custom")
+
+    @property
+    def sampling_extras(self) -> str:
+        """Which sampling settings: the paper's text only, or with the released inference script's extras."""
+        return "release" if self.official_extras.enabled else "paper"
+
+    @pydantic.model_validator(mode="after")
+    def _extras_fit_the_model(self) -> EvaluateConfig:
+        extras = self.official_extras
+        overrides = self.sampling.engine_kwargs.get("hf_overrides") or {}
+        scaled = any(key in overrides for key in ("rope_scaling", "rope_parameters"))
+        if extras.enabled and extras.max_model_len > max(self.sampling.max_model_len, 0) and not scaled:
+            raise ValueError(f"official_extras.max_model_len {extras.max_model_len} without rope scaling in "
+                             "sampling.engine_kwargs.hf_overrides: vLLM refuses a length past the model's positions; "
+                             "use the paper-64k preset (YaRN) or official_extras.max_model_len=0")
+        return self
 
     @pydantic.model_validator(mode="after")
     def _known_names(self) -> EvaluateConfig:

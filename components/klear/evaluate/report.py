@@ -67,9 +67,16 @@ def detail_table(report: Mapping[str, Any], label: str) -> Table:
 
 
 def _protocol_table(report: Mapping[str, Any]) -> Table:
-    headers = ["benchmark", "name", "kind", "k (avg@k)", "window (days, inclusive)", "problems"]
+    """Per benchmark: what was run and how it was judged (judging mode, prompt template, sampling extras, execution
+    rules), beside the paper's Table 1 values; a gap to Table 1 reads against these."""
+    paper = report.get("paper", {})
+    headers = ["benchmark", "name", "kind", "k (avg@k)", "window (days, inclusive)", "problems", "judging", "prompt",
+               "sampling", "execution", *[f"Table 1: {row}" for row in paper]]
     rows = [[p["title"], name, p["kind"], str(p["k"]), " .. ".join(p["window"]) if p.get("window") else "-",
-             str(p.get("problems", 0))] for name, p in report["settings"]["protocol"].items()]
+             str(p.get("problems", 0)), str(p.get("judging") or "-"), str(p.get("prompt") or "-"),
+             str(p.get("sampling_extras") or "-"), str(p.get("execution") or "-"),
+             *[_num(values.get(name)) for values in paper.values()]]
+            for name, p in report["settings"]["protocol"].items()]
     return headers, rows
 
 

@@ -410,7 +410,7 @@ def _settings(config: EvaluateConfig, bench: BenchmarkSet, source_info: Mapping[
     for name, b in config.selected().items():
         protocol[name] = {"title": b.title or name, "kind": b.kind, "k": b.k,
                           "window": [str(b.start), str(b.end)] if b.kind == "code" else None,
-                          "problems": len(bench.members.get(name, []))}
+                          "problems": len(bench.members.get(name, [])), **benchmark_rules(config, b.kind)}
     sampling = config.sampling_for(1).model_dump(mode="json")
     shown = ("temperature", "top_p", "top_k", "repetition_penalty", "max_tokens", "seed", "max_model_len",
              "engine_kwargs", "system_prompt", "backend")
