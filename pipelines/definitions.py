@@ -29,7 +29,7 @@ from klear.common.kfp_io import API_ENV, IMAGE_ENV, POD_NAME_ENV, POD_UID_ENV, R
 from klear.curate.component import curate
 from klear.evaluate.component import evaluate, evaluation_prompts
 from klear.gppo.component import gppo
-from klear.judge.component import judge
+from klear.judge.component import judge, judge_slice
 from klear.rl_filter.component import rl_filter
 from klear.sample.component import sample, sample_slice
 from klear.sft.component import sft
@@ -45,6 +45,7 @@ UNTRUSTED_CODE_LABEL = "klear.io/runs-untrusted-code"  # the chart's NetworkPoli
 GPU_RESOURCE = "nvidia.com/gpu"
 # Defaults of one 8-GPU node (H100/H200 class): what the recipe needs, well below what such a node has.
 GPUS, SFT_CPU, RL_CPU, SAMPLE_CPU, NODE_MEMORY = "8", "64", "96", "32", "512Gi"  # RL scores rollouts on CPU workers
+JUDGE_CPU, JUDGE_MEMORY = "16", "64Gi"  # a judging pod: one verifier worker per core
 RUN_ID_LABEL = "metadata.labels['pipeline/runid']"  # set by the KFP backend on every pod of a run
 # Kubeflow Trainer settings of multi-node training, fixed when compiling: KLEAR_TRAINER_API=v2 makes TrainJobs
 # (Trainer >= v2.1) on the runtime KLEAR_TRAINER_RUNTIME; otherwise PyTorchJobs (Training Operator v1).
@@ -164,6 +165,27 @@ def _sample(what: str, prompts, preset, overrides, run_root, gpus, cpu, memory, 
     return _on_cluster(task, "4", "32Gi")
 
 
+def _judge(what: str, samples, config_of: str, preset, overrides, run_root, cpu, slices, problems=None,
+           task: str = "") -> dsl.PipelineTask:
+    """One judging use in front of the stage that reads its rows (`config_of`: judged with that stage's judge
+    settings), fanned out over `slices` CPU pods (a run-time parameter): a ParallelFor of slice tasks, each retried
+    on its own and all saving scores into the use's one work area (<run_root>/<run id>/judge-<what>.work), then
+    one merge task that publishes the judged rows once every slice's part is there. Returns the merge."""
+    arguments = dict(samples=samples, preset=preset, overrides=overrides, run_root=run_root, name=what,
+                     config_of=config_of, task=task, **({"problems": problems} if problems is not None else {}))
+    parts = slice_list(count=slices).set_display_name(f"slices of judge: {what}").set_caching_options(False)
+    parts.set_cpu_request("100m").set_memory_request("128Mi")
+    with dsl.ParallelFor(parts.output) as part:
+        # The CPU as an input too: KFP 2.17 carries into a loop only the parameters its tasks take as inputs.
+        piece = judge_slice(**arguments, part=part, cpu=cpu).set_display_name(f"judge slice: {what}")
+        piece.set_retry(num_retries=3, backoff_duration="60s", backoff_factor=2).set_caching_options(False)
+        _runs_untrusted_code(_on_cluster(piece, cpu, JUDGE_MEMORY))
+    merged = judge(**arguments, merge=True, slices=dsl.Collected(piece.output))
+    merged.set_display_name(f"judge: {what} (merge of the slices)")
+    merged.set_retry(num_retries=3, backoff_duration="60s", backoff_factor=2).set_caching_options(False)
+    return _on_cluster(merged, "4", "32Gi")
+
+
 def _sft(base_model, data, preset, run_root, gpus, nodes, cpu, memory, scheduling, overrides=[]) -> dsl.PipelineTask:
     task = sft(base_model=base_model, data=data, preset=preset, overrides=overrides, gpus_per_node=gpus, nodes=nodes,
                run_root=run_root)
@@ -181,15 +203,16 @@ def _gppo(rl_task: str, policy, data, preset, run_root, gpus, nodes, cpu, memory
 
 
 def _rl_filter(rl_task: str, problems, filter_samples, benchmark_uris, preset, overrides, run_root,
-               digest) -> dsl.PipelineTask:
+               digest, cpu=JUDGE_CPU) -> dsl.PipelineTask:
     task = rl_filter(problems=problems, filter_samples=filter_samples, task=rl_task, preset=preset,
                      overrides=overrides, benchmark_uris=benchmark_uris, run_root=run_root, input_digest=digest)
     task.set_display_name(f"rl-filter: {rl_task} (pass rate of the filter model)")
-    return _runs_untrusted_code(_deterministic(task))
+    return _runs_untrusted_code(_deterministic(task, cpu))
 
 
 def _evaluate(models: dict[str, dsl.PipelineTask], benchmark_uris, preset, overrides, run_root, digest, name: str,
-              code: dict[str, dsl.PipelineTask] | None = None, folder: str = "evaluate") -> dsl.PipelineTask:
+              code: dict[str, dsl.PipelineTask] | None = None, folder: str = "evaluate",
+              cpu=JUDGE_CPU) -> dsl.PipelineTask:
     """evaluate with up to three models side by side: `models` maps label -> its math sample task, in the
     order final, baseline, reference (RL, SFT, base); `code` the same for LiveCodeBench samples."""
     (label, first), (base_label, second), (ref_label, third) = list(models.items())
@@ -204,7 +227,7 @@ def _evaluate(models: dict[str, dsl.PipelineTask], benchmark_uris, preset, overr
                     label=label, baseline_label=base_label, reference_label=ref_label, name=folder,
                     input_digest=digest)
     task.set_display_name(name)
-    return _runs_untrusted_code(_deterministic(task))
+    return _runs_untrusted_code(_deterministic(task, cpu))
 
 
 # --------------------------------------------------------------------------- the recipe
@@ -260,6 +283,10 @@ def klear_pipeline(
     filter_math_slices: int = 1,
     filter_code_slices: int = 1,
     eval_slices: int = 1,
+    judge_cpu: str = JUDGE_CPU,
+    reference_judge_slices: int = 1,
+    filter_math_judge_slices: int = 1,
+    filter_code_judge_slices: int = 1,
     sft_nodes: int = 1,
     sft_gpus_per_node: str = GPUS,
     sft_cpu: str = SFT_CPU,
@@ -327,6 +354,11 @@ def klear_pipeline(
         filter_math_slices: Pods the filter model's sampling of the math problems is spread over.
         filter_code_slices: Pods the filter model's sampling of the code problems is spread over.
         eval_slices: Pods each evaluation sampling (per model and benchmark kind) is spread over.
+        judge_cpu: CPU of each judging pod (judge slices, sft-data, rl-filter, evaluate): one verifier worker per core.
+        reference_judge_slices: Pods the judging of the reference model's samples is spread over (slices of the
+            samples by a hash of their id, each its own retried task, then one merge that sft-data reads).
+        filter_math_judge_slices: Pods the judging of the filter model's math samples is spread over.
+        filter_code_judge_slices: Pods the judging of the filter model's code samples (sandboxed) is spread over.
         sft_nodes: Training nodes of SFT (more than 1: a Kubeflow Trainer job).
         sft_gpus_per_node: GPUs per SFT node.
         sft_cpu: CPU per SFT node.
@@ -349,25 +381,32 @@ def klear_pipeline(
                       key_secret=teacher_key_secret, slices=teacher_slices)
     reference = _sample("reference", curated, sample_preset, reference_overrides, run_root, *sampling,
                         model_uri=reference_model_uri, slices=reference_slices)
-    records = sft_data(teacher_samples=teacher.outputs["samples"], reference_samples=reference.outputs["samples"],
+    reference_judged = _judge("reference", reference.outputs["samples"], "sft-data", sft_data_preset,
+                              sft_data_overrides, run_root, judge_cpu, reference_judge_slices)
+    records = sft_data(teacher_samples=teacher.outputs["samples"], reference_samples=reference_judged.outputs["judged"],
                        target_model=base.output, preset=sft_data_preset, overrides=sft_data_overrides,
                        run_root=run_root, input_digest=_digest("sft-data inputs", base_model_uri))
-    _runs_untrusted_code(_deterministic(records.set_display_name("sft-data: difficulty and policy")))
+    _runs_untrusted_code(_deterministic(records.set_display_name("sft-data: difficulty and policy"), judge_cpu))
     tuned = _sft(base.output, records.outputs["records"], sft_preset, run_root, sft_gpus_per_node, sft_nodes,
                  sft_cpu, sft_memory, scheduling, sft_overrides)
 
     # RL data: problems the filter model solves reliably (label noise out), then math RL, then code RL.
     rl_data = {}
-    for rl_task, uri, sampling_overrides, filtering_overrides, filter_slices in (
-            ("math", rl_math_uri, filter_math_overrides, rl_filter_math_overrides, filter_math_slices),
-            ("code", rl_code_uri, filter_code_overrides, rl_filter_code_overrides, filter_code_slices)):
+    for rl_task, uri, sampling_overrides, filtering_overrides, filter_slices, judge_slices in (
+            ("math", rl_math_uri, filter_math_overrides, rl_filter_math_overrides, filter_math_slices,
+             filter_math_judge_slices),
+            ("code", rl_code_uri, filter_code_overrides, rl_filter_code_overrides, filter_code_slices,
+             filter_code_judge_slices)):
         problems = _import(uri, dsl.Dataset, f"{rl_task} RL problems")
         filtered = _sample(f"filter-{rl_task}", problems.output, sample_preset, sampling_overrides, run_root,
                            *sampling, model_uri=filter_model_uri, endpoint=filter_endpoint,
                            served_model=filter_served_model, key_secret=filter_key_secret, slices=filter_slices)
-        rl_data[rl_task] = _rl_filter(rl_task, problems.output, filtered.outputs["samples"], benchmark_uris,
+        # Judged against the problems as rl-filter reads them (its judge settings, every problem as this task).
+        judged = _judge(f"filter-{rl_task}", filtered.outputs["samples"], "rl-filter", rl_filter_preset,
+                        filtering_overrides, run_root, judge_cpu, judge_slices, problems=problems.output, task=rl_task)
+        rl_data[rl_task] = _rl_filter(rl_task, problems.output, judged.outputs["judged"], benchmark_uris,
                                       rl_filter_preset, filtering_overrides, run_root,
-                                      _digest(f"rl-filter {rl_task} inputs", uri, uris=benchmark_uris)
+                                      _digest(f"rl-filter {rl_task} inputs", uri, uris=benchmark_uris), judge_cpu
                                       ).outputs["rl_data"]
     math_rl = _gppo("math", tuned.outputs["model"], rl_data["math"], gppo_math_preset, run_root, rl_gpus_per_node,
                     rl_nodes, rl_cpu, rl_memory, scheduling, gppo_math_overrides)
@@ -389,10 +428,11 @@ def klear_pipeline(
 
     math_samples = eval_samples("math")
     _evaluate(math_samples, benchmark_uris, evaluate_preset, evaluate_overrides, run_root, benchmarks,
-              "evaluate: AIME / HMMT")
+              "evaluate: AIME / HMMT", cpu=judge_cpu)
     with dsl.If(evaluate_code == True):  # noqa: E712 - a pipeline condition, compiled, not a Python comparison
         _evaluate(math_samples, benchmark_uris, evaluate_preset, evaluate_overrides, run_root, benchmarks,
-                  "evaluate: AIME / HMMT / LiveCodeBench", code=eval_samples("code"), folder="evaluate-code")
+                  "evaluate: AIME / HMMT / LiveCodeBench", code=eval_samples("code"), folder="evaluate-code",
+                  cpu=judge_cpu)
 
 
 # --------------------------------------------------------------------------- single-stage reruns

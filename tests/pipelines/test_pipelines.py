@@ -52,15 +52,20 @@ def test_the_recipe_is_wired_in_the_papers_order(compiled: Path) -> None:
         "curate", "sample: teacher", "sample: reference", "sft-data", "sft:", "sample: filter-math",
         "sample: filter-code", "rl-filter: math", "rl-filter: code", "math RL: GPPO", "code RL: GPPO",
         "evaluate: benchmark prompts", "evaluate: AIME / HMMT", "sample: eval-rl-math", "sample: eval-sft-math",
-        "sample: eval-base-math")}
+        "sample: eval-base-math", "judge: reference", "judge: filter-math", "judge: filter-code")}
 
     def deps(prefix: str) -> set[str]:
         return set(tasks[named[prefix]].dependent_tasks)
 
     assert named["curate"] in deps("sample: teacher") and named["curate"] in deps("sample: reference")
-    assert {named["sample: teacher"], named["sample: reference"]} <= deps("sft-data")
+    # The reference samples reach sft-data judged (a fan-out of judge slices, then its merge).
+    assert {named["sample: teacher"], named["judge: reference"]} <= deps("sft-data")
+    assert named["sample: reference"] in deps("judge: reference")
     assert named["sft-data"] in deps("sft:")
-    assert named["sample: filter-math"] in deps("rl-filter: math")
+    assert named["sample: filter-math"] in deps("judge: filter-math") and named["judge: filter-math"] in deps(
+        "rl-filter: math")
+    assert named["sample: filter-code"] in deps("judge: filter-code") and named["judge: filter-code"] in deps(
+        "rl-filter: code")
     assert {named["sft:"], named["rl-filter: math"]} <= deps("math RL: GPPO")
     assert {named["math RL: GPPO"], named["rl-filter: code"]} <= deps("code RL: GPPO")
     assert named["code RL: GPPO"] in deps("sample: eval-rl-math") and named["sft:"] in deps("sample: eval-sft-math")

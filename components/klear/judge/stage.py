@@ -272,6 +272,28 @@ def _report(samples: str, problems: str | None, config: JudgeConfig, tally: _Tal
     }
 
 
+def stage_judge_config(stage: str, preset: str, overrides: list[str], task: str = "") -> JudgeConfig:
+    """The judge settings a stage judges with: `stage`'s config (sft-data, rl-filter, evaluate) loaded from its
+    preset and overrides, its `judge` part; "" = a judge config itself. A judge step in front of that stage thus
+    gives the rows it would have judged itself (it takes judged rows as they are). `task` (math, code): every
+    problem judged as that task, as rl-filter's --task does."""
+    from klear.common.config import load_config
+
+    task_override = [f"task={task}"] if task else []
+    if not stage:
+        return load_config(JudgeConfig, preset, [*overrides, *task_override])
+    if stage == "sft-data":
+        from klear.sft_data.config import SftDataConfig as Config
+    elif stage == "rl-filter":
+        from klear.rl_filter.config import RlFilterConfig as Config  # type: ignore[assignment]
+    elif stage == "evaluate":
+        from klear.evaluate.config import EvaluateConfig as Config  # type: ignore[assignment]
+    else:
+        raise ValueError(f"config_of {stage!r}: expected sft-data, rl-filter, evaluate or '' (a judge config)")
+    judge_config: JudgeConfig = load_config(Config, preset, [*overrides, *(f"judge.{o}" for o in task_override)]).judge
+    return judge_config
+
+
 # --------------------------------------------------------------------------- slices and their merge
 
 
