@@ -91,6 +91,8 @@ def test_paper_batch_layout_on_8_gpus(preset: str, accumulation: int, tmp_path) 
     assert args.steps_per_generation // args.gradient_accumulation_steps == config.updates_per_step
     assert (args.steps_per_generation * args.per_device_train_batch_size) % config.num_generations == 0
     assert args.learning_rate == (1e-6 if preset == "math" else 5e-7) and args.beta == 0.0
-    assert args.lr_scheduler_type == "constant" and args.temperature == 1.0 and args.num_generations == 8
+    # the released script: 10 warm-up steps to a constant lr, weight decay 0.1
+    assert args.lr_scheduler_type == "constant_with_warmup" and (args.warmup_steps, args.weight_decay) == (10, 0.1)
+    assert args.temperature == 1.0 and args.num_generations == 8
     with pytest.raises(ValueError, match="split evenly"):
         grpo_arguments(config, tmp_path, world_size=3, use_cpu=True, deepspeed=None, attn_implementation="sdpa")

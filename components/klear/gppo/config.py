@@ -82,6 +82,8 @@ class GppoConfig(StageConfig):
     temperature: float = pydantic.Field(1.0, gt=0)
     top_p: float = pydantic.Field(1.0, gt=0, le=1)
     max_prompt_length: int = pydantic.Field(2048, ge=8)
+    prompt_truncation: Literal["skip", "left"] = pydantic.Field(
+        "skip", description="a prompt over max_prompt_length: skipped (counted), or cut from the left (release)")
     max_completion_length: int = pydantic.Field(32768, ge=1)
 
     # --- optimisation ---
@@ -89,6 +91,7 @@ class GppoConfig(StageConfig):
     max_steps: int = pydantic.Field(-1, description="optimizer steps; -1 = num_epochs over the data")
     num_epochs: float = pydantic.Field(1.0, gt=0)
     weight_decay: float = pydantic.Field(0.0, ge=0)
+    warmup_steps: int = pydantic.Field(0, ge=0, description="linear warm-up to learning_rate, then constant")
     max_grad_norm: float = pydantic.Field(1.0, gt=0)
     seed: int = 42
 

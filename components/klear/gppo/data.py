@@ -5,7 +5,8 @@ Accepted records: curate's output (`prompt` plus the source row as JSON in `reco
 `question`. Math rows need `answer`; code rows need `tests` (LiveCodeBench's {input, output,
 testtype}, a list or its JSON) and may name `fn_name` for functional problems. Rows that lack
 them, whose `record` cannot be read, or whose prompt is too long, are skipped and counted with
-their file and line, never guessed at.
+their file and line, never guessed at (a too long prompt is cut from the left instead with
+`prompt_truncation: left`, as the released runs do).
 """
 
 from __future__ import annotations
@@ -56,17 +57,46 @@ def rl_row(record: dict[str, Any], task: str, where: str) -> tuple[dict[str, Any
     return row, ""
 
 
+def truncate_left(messages: list[dict[str, str]], prompt_tokens: Callable[[list[dict[str, str]]], int],
+                  limit: int) -> list[dict[str, str]] | None:
+    """The prompt cut from the left to at most `limit` tokens, as the released runs' data.truncation='left': the
+    start of the last turn's text goes (the chat template's own tokens stay, so the prompt stays well formed). The
+    fewest characters are cut (binary search); None when even an empty last turn is too long."""
+    if prompt_tokens(messages) <= limit:
+        return messages
+    text = messages[-1]["content"]
+
+    def cut(n: int) -> list[dict[str, str]]:
+        return [*messages[:-1], {**messages[-1], "content": text[n:]}]
+
+    if prompt_tokens(cut(len(text))) > limit:
+        return None
+    low, high = 1, len(text)  # cut(high) fits; find the smallest cut that fits
+    while low < high:
+        mid = (low + high) // 2
+        if prompt_tokens(cut(mid)) <= limit:
+            high = mid
+        else:
+            low = mid + 1
+    return cut(low)
+
+
 def load_rows(uris: Iterable[str], task: str, prompt_tokens: Callable[[list[dict[str, str]]], int],
-              max_prompt_length: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Training rows of all sources and the counts for the report (read, kept, skipped by reason, examples)."""
+              max_prompt_length: int, truncation: str = "skip") -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Training rows of all sources and the counts for the report (read, kept, skipped by reason, truncated,
+    examples). A prompt over `max_prompt_length` tokens is skipped, or with `truncation` "left" cut from the left."""
     rows: list[dict[str, Any]] = []
     skipped: Counter[str] = Counter()
     examples: list[str] = []
-    read = 0
+    read = truncated = 0
     for located in iter_training_records(uris):
         read += 1
         row, reason = rl_row(located.record, task, located.where)
-        if row is not None and prompt_tokens(row["prompt"]) > max_prompt_length:
+        if row is not None and truncation == "left":
+            cut = truncate_left(row["prompt"], prompt_tokens, max_prompt_length)
+            truncated += cut is not None and cut is not row["prompt"]
+            row, reason = ({**row, "prompt": cut}, reason) if cut is not None else (None, "prompt_too_long")
+        elif row is not None and prompt_tokens(row["prompt"]) > max_prompt_length:
             row, reason = None, "prompt_too_long"
         if row is None:
             skipped[reason] += 1
@@ -74,4 +104,5 @@ def load_rows(uris: Iterable[str], task: str, prompt_tokens: Callable[[list[dict
                 examples.append(f"{located.where}: {reason}")
             continue
         rows.append(row)
-    return rows, {"read": read, "kept": len(rows), "skipped": dict(sorted(skipped.items())), "skipped_examples": examples}
+    return rows, {"read": read, "kept": len(rows), "truncated": truncated, "skipped": dict(sorted(skipped.items())),
+                  "skipped_examples": examples}

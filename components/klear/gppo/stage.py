@@ -49,7 +49,7 @@ def build_dataset(data: list[str], tokenizer: Any, config: GppoConfig) -> tuple[
     def prompt_tokens(messages: list[dict[str, str]]) -> int:
         return len(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False))
 
-    rows, counts = load_rows(data, config.task, prompt_tokens, config.max_prompt_length)
+    rows, counts = load_rows(data, config.task, prompt_tokens, config.max_prompt_length, config.prompt_truncation)
     if len(rows) < config.prompts_per_step:
         raise GppoError(f"{len(rows)} usable {config.task} prompts in {', '.join(data)} (read {counts['read']}, skipped "
                         f"{counts['skipped']}, e.g. {counts['skipped_examples'][:3]}); one step needs prompts_per_step="
