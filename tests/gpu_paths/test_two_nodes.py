@@ -85,12 +85,12 @@ def test_a_two_node_checkpoint_holds_every_ranks_files(two_nodes: dict[str, Any]
 
 
 def test_a_one_node_checkpoint_is_refused_on_two_nodes(tiny_model: str, demo_files: list[str], tmp_path: Path) -> None:
-    output = str(tmp_path / "sft")
-    sets = [*SFT_SETS[:2], "save_steps=2"]
-    [(code, log)] = run_nodes(node_command(1, tiny_model, demo_files[:1], output, overrides=sets), 1, tmp_path)
+    output, data, sets = str(tmp_path / "sft"), tmp_path / "few.jsonl", [*SFT_SETS[:2], "save_steps=2"]
+    data.write_text("".join(Path(demo_files[0]).read_text().splitlines(keepends=True)[:24]))  # a few steps
+    [(code, log)] = run_nodes(node_command(1, tiny_model, [str(data)], output, overrides=sets), 1, tmp_path)
     assert code == 0, log[-3000:]
     _assert_complete(output, ranks=1)
-    for code, log in run_nodes(node_command(2, tiny_model, demo_files[:1], output, overrides=sets), 2, tmp_path, 300):
+    for code, log in run_nodes(node_command(2, tiny_model, [str(data)], output, overrides=sets), 2, tmp_path, 300):
         assert code != 0 and _refusal(output, 1, 2) in log, log[-3000:]  # every node refuses, none trains
 
 

@@ -93,3 +93,14 @@ def test_two_nodes_holding_one_name_with_other_bytes_is_refused() -> None:
     with pytest.raises(storage.StorageError, match="ckpt/latest: the node of rank 1 holds other content"):
         checkpoints.merge_parts(same, {1: {"latest": {"size": 1, "sha256": "b"}}}, "ckpt")
     assert checkpoints.node_ranks([0, 0, 2, 2]) == {0: [0, 1], 2: [2, 3]}
+
+
+def test_zero3_partitions_of_another_process_count_are_refused_before_the_model_loads(tmp_path: Path) -> None:
+    output = str(tmp_path / "out")
+    uri = checkpoints.checkpoint_uri(output, 8)
+    storage.publish_dir(_rank0_files(tmp_path), uri, meta={"stage": "sft", "world_size": 2})
+    with pytest.raises(ValueError, match=f"the checkpoint {uri} was written by 2 processes and this run has 1: DeepSpeed "
+                       "ZeRO partitions cannot be re-split. Run with 2 processes"):
+        checkpoints.refuse_other_world_size(output, enabled=True, deepspeed=True)
+    checkpoints.refuse_other_world_size(output, enabled=False, deepspeed=True)  # starts afresh: nothing resumes
+    checkpoints.refuse_other_world_size(output, enabled=True, deepspeed=False)  # resumes with a warning

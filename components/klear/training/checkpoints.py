@@ -109,6 +109,26 @@ def world_size_problem(written_by: int | None, now: int, deepspeed: bool,
                        "the new batch size")
 
 
+def refuse_other_world_size(output: str, enabled: bool, deepspeed: bool) -> None:
+    """Raise ValueError in a run's first seconds when it would resume ZeRO partitions written by another number of
+    processes (resume_point checks the checkpoint it downloads again)."""
+    if not (enabled and deepspeed):
+        return
+    from accelerate import PartialState
+
+    steps = published_steps(output)
+    if not steps:
+        return
+    newest = checkpoint_uri(output, steps[-1])
+    try:
+        meta = storage.read_manifest(newest).meta
+    except (storage.StorageError, OSError):
+        return  # resume_point decides what an unreadable checkpoint means
+    problem = world_size_problem(meta.get("world_size"), PartialState().num_processes, deepspeed, str(newest))
+    if problem and problem[0] == "error":
+        raise ValueError(problem[1])
+
+
 def resume_point(output: str, trainer_dir: Path, work: Path, enabled: bool, deepspeed: bool,
                  fingerprint: dict[str, str] | None = None) -> Path | None:
     """The newest complete checkpoint, downloaded once per node by its local main process; every rank gets its

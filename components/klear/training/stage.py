@@ -100,6 +100,7 @@ def run_stage(stage: TrainingStage, model: str, data: list[str], output: str, co
             stack.enter_context(storage.claim_output(output))
         work = hf_model.scratch_folder(stage.name, output, work_dir)
         fingerprint = run_fingerprint(model, data, config.model_dump(mode="json"))
+        checkpoints.refuse_other_world_size(output, config.resume, bool(config.deepspeed))  # before the model loads
         model_dir = hf_model.local_model(model, stack)
         tokenizer = stage.load_tokenizer(model_dir, model, config)
         inputs = StageInputs(model, model_dir, list(data), config, tokenizer, work, stack)
