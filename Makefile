@@ -99,6 +99,8 @@ KLEAR_IMAGE_REGISTRY ?= klear
 KLEAR_IMAGE_TAG ?= 0.1.0
 CPU_IMAGE_REF := $(KLEAR_IMAGE_REGISTRY)/klear-cpu:$(KLEAR_IMAGE_TAG)
 GPU_IMAGE_REF := $(KLEAR_IMAGE_REGISTRY)/klear-gpu:$(KLEAR_IMAGE_TAG)
+# The commit baked into both images (their outputs' lineage names it); empty outside a git checkout.
+KLEAR_GIT_COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null)
 
 .PHONY: lock check-images images push-images
 
@@ -116,8 +118,8 @@ check-images: install
 images:
 	@docker info >/dev/null 2>&1 || { echo "make images: no Docker engine reachable here (docker info failed), so no image was built. Build where Docker/BuildKit runs; 'make check-images' checks the package sets without one." >&2; exit 2; }
 	docker build -f docker/cpu.Dockerfile --build-arg KLEAR_IMAGE_REGISTRY=$(KLEAR_IMAGE_REGISTRY) \
-		--build-arg KLEAR_IMAGE_TAG=$(KLEAR_IMAGE_TAG) -t $(CPU_IMAGE_REF) .
-	docker build -f docker/gpu.Dockerfile -t $(GPU_IMAGE_REF) .
+		--build-arg KLEAR_IMAGE_TAG=$(KLEAR_IMAGE_TAG) --build-arg KLEAR_GIT_COMMIT=$(KLEAR_GIT_COMMIT) -t $(CPU_IMAGE_REF) .
+	docker build -f docker/gpu.Dockerfile --build-arg KLEAR_GIT_COMMIT=$(KLEAR_GIT_COMMIT) -t $(GPU_IMAGE_REF) .
 
 push-images: images
 	docker push $(CPU_IMAGE_REF)

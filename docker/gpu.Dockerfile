@@ -52,3 +52,9 @@ RUN mkdir -p /gcs /minio /s3 && chmod 1777 /gcs /minio /s3 \
     && useradd --uid 10001 --create-home --home-dir /home/klear --shell /usr/sbin/nologin klear
 ENV HOME=/home/klear
 USER 10001:10001
+
+# The commit this image was built from, for the lineage every output records (klear.common.lineage); last, so a
+# new commit rebuilds no layer above. make images passes it: --build-arg KLEAR_GIT_COMMIT=$(git rev-parse HEAD).
+ARG KLEAR_GIT_COMMIT=
+LABEL org.opencontainers.image.revision="$KLEAR_GIT_COMMIT"
+ENV KLEAR_GIT_COMMIT=$KLEAR_GIT_COMMIT

@@ -26,6 +26,7 @@ from kfp import dsl
 from klear.common.component import digest_inputs, slice_list
 from klear.common.images import GPU_IMAGE
 from klear.common.kfp_io import API_ENV, IMAGE_ENV, POD_NAME_ENV, POD_UID_ENV, RUN_ID_ENV, RUNTIME_ENV
+from klear.common.lineage import TASK_ENV as TASK_POD_ENV
 from klear.curate.component import curate
 from klear.evaluate.component import evaluate, evaluation_prompts
 from klear.gppo.component import gppo
@@ -62,6 +63,8 @@ def _on_cluster(task: dsl.PipelineTask, cpu, memory) -> dsl.PipelineTask:
     task.set_cpu_request(cpu).set_cpu_limit(cpu).set_memory_request(memory).set_memory_limit(memory)
     kubernetes.use_secret_as_env(task, secret_name=S3_SECRET, secret_key_to_env={k: k for k in S3_KEYS})
     kubernetes.use_field_path_as_env(task, RUN_ID_ENV, RUN_ID_LABEL)
+    # The pod's name (one per task attempt) for the lineage of what it publishes; like the run id, not a parameter.
+    kubernetes.use_field_path_as_env(task, TASK_POD_ENV, "metadata.name")
     return task
 
 

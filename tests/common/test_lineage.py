@@ -92,3 +92,55 @@ def test_a_model_card_parses_names_base_model_and_data_and_stays_outside_the_dig
     hub = pytest.importorskip("huggingface_hub")
     card = hub.ModelCard(text)
     assert card.data.base_model == str(base) and card.data.eval_results[0].metric_value == 12.5
+
+
+def _chain(tmp_path: Path, prompts: str) -> dict[str, str]:
+    """curate -> sample (the records backend: the rows' shipped responses) -> judge, each through its command."""
+    outs = {stage: str(tmp_path / stage) for stage in ("curate", "sample", "judge")}
+    assert klear(["curate", "--input", f"{prompts}#prompt=problem", "--output", outs["curate"], "--config", "tiny"]) == 0
+    assert klear(["sample", "--prompts", outs["curate"], "--output", outs["sample"], "--config", "tiny",
+                  "--set", "backend=records", "--set", "n=1"]) == 0
+    assert klear(["judge", "--samples", outs["sample"], "--output", outs["judge"], "--config", "tiny"]) == 0
+    return outs
+
+
+def test_a_changed_source_changes_every_digest_along_a_chain_of_real_stages(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    def rows(answers: list[int]) -> list[dict[str, Any]]:
+        return [{"id": f"p{i}", "problem": f"What is {i} plus one hundred and {i}?", "answer": str(a),
+                 "generations": [f"<think>\nadd\n</think>\n\nThe answer is $\\boxed{{{a}}}$."]}
+                for i, a in enumerate(answers)]
+
+    prompts = _jsonl(tmp_path / "prompts.jsonl", rows([100, 102, 104]))
+    outs = _chain(tmp_path, prompts)
+    source = f"{prompts}#prompt=problem"
+    steps = lineage.trace(outs["judge"])
+    assert [step.stage for step in steps[:4]] == ["judge", "sample", "curate", ""]
+    assert [step.uri for step in steps[:4]] == [outs["judge"], outs["sample"], outs["curate"], source]
+    assert steps[3].digest == storage.sha256_file(prompts) and steps[3].note == "source (no manifest)"
+    # The presets each stage was loaded from, with the base a preset builds on and the overrides given.
+    assert steps[1].settings["preset"] == "tiny (on paper) + backend=records n=1"
+    assert storage.read_manifest(outs["judge"]).meta["lineage"]["preset"] == {"preset": "tiny", "bases": ["paper"],
+                                                                               "overrides": []}
+    before = {stage: storage.content_digest(uri) for stage, uri in outs.items()}
+    chain = [(outs["judge"], outs["sample"]), (outs["sample"], outs["curate"]), (outs["curate"], source)]
+
+    def recorded() -> list[str]:  # the digest each consumer recorded of its input on the chain
+        by_uri = {step.uri: step for step in lineage.trace(outs["judge"])}
+        return [next(edge.digest for edge in by_uri[consumer].inputs if edge.uri == uri) for consumer, uri in chain]
+
+    first = recorded()
+    assert first == [before["sample"], before["curate"], storage.sha256_file(prompts)]
+
+    # One answer (and its shipped response) changed in the source file: every output's digest changes, and so does
+    # every input digest its consumer recorded, down to the judge.
+    _jsonl(Path(prompts), rows([100, 102, 105]))
+    _chain(tmp_path, prompts)
+    after = {stage: storage.content_digest(uri) for stage, uri in outs.items()}
+    assert all(after[stage] != before[stage] for stage in outs), (before, after)
+    assert all(new != old for new, old in zip(recorded(), first, strict=True))
+    assert not any(edge.changed for step in lineage.trace(outs["judge"]) for edge in step.inputs)  # all remade
+    capsys.readouterr()
+    assert klear(["lineage", outs["judge"], "--format", "json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert [step["digest"] for step in printed[:3]] == [after["judge"], after["sample"], after["curate"]]

@@ -72,6 +72,22 @@ def test_states_the_sandbox_needs(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", IMAGES)
+def test_bakes_in_the_commit_it_was_built_from(name: str) -> None:
+    """KLEAR_GIT_COMMIT (the code version every output's lineage records) comes from a build argument that make
+    images sets to the checkout's HEAD; declared after the last RUN, so a new commit rebuilds no layer."""
+    instructions = _dockerfile(name)
+    arg = next(i for i in instructions if i.keyword == "ARG" and i.args.split("=")[0] == "KLEAR_GIT_COMMIT")
+    env = [i for i in instructions if i.keyword == "ENV" and "KLEAR_GIT_COMMIT=$KLEAR_GIT_COMMIT" in i.args.split()]
+    assert env and env[0].line > arg.line, "ENV KLEAR_GIT_COMMIT=$KLEAR_GIT_COMMIT after its ARG"
+    assert arg.line > max(i.line for i in instructions if i.keyword == "RUN")
+    dockerfile_path = lock.IMAGES[name].dockerfile
+    build = next(line for line in (ROOT / "Makefile").read_text().replace("\\\n", " ").splitlines()
+                 if f"docker build -f {dockerfile_path}" in line)
+    assert "--build-arg KLEAR_GIT_COMMIT=$(KLEAR_GIT_COMMIT)" in build, build
+    assert re.search(r"^KLEAR_GIT_COMMIT \?= \$\(shell git rev-parse HEAD", (ROOT / "Makefile").read_text(), re.M)
+
+
+@pytest.mark.parametrize("name", IMAGES)
 def test_lock_targets_the_base_image(name: str) -> None:
     image, base = lock.IMAGES[name], _base(name)
     pythons = [(m.group(1) if m.groups() else fixed) for pattern, fixed in BASE_PYTHON.items()

@@ -158,9 +158,10 @@ def _kubernetes_executors(path: Path) -> dict:
 
 
 def test_pods_know_their_run_and_training_pods_their_image_and_scheduling(compiled: Path) -> None:
-    """Every stage pod gets the run id from its pipeline/runid label (not a task parameter: KFP's cache key would
-    change every run); training pods get their own name/uid (owner of their Trainer jobs) and the compiled image;
-    GPU pods take the node selector and tolerations from pipeline parameters."""
+    """Every stage pod gets the run id from its pipeline/runid label and its own pod name (the run and task its
+    outputs' lineage names; not task parameters: KFP's cache key would change every run); training pods get their
+    own name/uid (owner of their Trainer jobs) and the compiled image; GPU pods take the node selector and
+    tolerations from pipeline parameters."""
     import yaml
 
     for name in STAGE_PIPELINES:
@@ -170,6 +171,7 @@ def test_pods_know_their_run_and_training_pods_their_image_and_scheduling(compil
         for executor, config in _kubernetes_executors(compiled / f"{name}.yaml").items():
             fields = {e["name"]: e["fieldPath"] for e in config.get("fieldPathAsEnv", [])}
             assert fields.get("KLEAR_RUN_ID") == "metadata.labels['pipeline/runid']", (name, executor)
+            assert fields.get("KLEAR_TASK_POD") == "metadata.name", (name, executor)  # the lineage's task id
     platform = _kubernetes_executors(compiled / "klear-reasoner.yaml")
     document = yaml.safe_load((compiled / "klear-reasoner.yaml").read_text().split("\n---\n")[0])
     for executor in ("exec-sft", "exec-gppo", "exec-gppo-2"):

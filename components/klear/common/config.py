@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import decimal
 import fractions
+import json
 import math
 import types
 import typing
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from importlib import resources
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
@@ -25,7 +26,7 @@ import yaml
 
 from klear.common import storage
 
-__all__ = ["ConfigError", "StageConfig", "load_config"]
+__all__ = ["ConfigError", "StageConfig", "describe_preset", "load_config", "preset_of"]
 
 QUOTE_LIMIT = 200  # characters of a value quoted in an error message
 BASE_KEY = "base"  # a config's key naming the config it builds on
@@ -282,9 +283,13 @@ def merge(base: dict[str, Any], changes: dict[str, Any], model: type[pydantic.Ba
     return merged
 
 
-def _read_source(cls: type[StageConfig], source: str, chain: tuple[str, ...] = ()) -> tuple[dict[str, Any], str]:
+def _read_source(cls: type[StageConfig], source: str, chain: tuple[str, ...] = (),
+                 names: list[str] | None = None) -> tuple[dict[str, Any], str]:
     """The config of `source` (a preset name, a YAML file or a storage URI) with its `base` chain merged in: a
-    config may name a preset of the same stage, or a file or URI, as `base` and give only its differences."""
+    config may name a preset of the same stage, or a file or URI, as `base` and give only its differences.
+    `names` collects the chain's sources, `source` first (preset names as named, files and URIs as read)."""
+    if names is not None:
+        names.append(source)
     identity = _identity(source)
     if identity in chain:
         loop = " -> ".join((*chain[chain.index(identity):], identity))
@@ -296,7 +301,7 @@ def _read_source(cls: type[StageConfig], source: str, chain: tuple[str, ...] = (
     if not isinstance(base, str) or not base.strip():
         raise ConfigError(f"{origin}: {BASE_KEY}: expected a preset name, file or URI, got {clip(repr(base))}")
     try:
-        below, below_origin = _read_source(cls, _base_source(base.strip(), source), (*chain, identity))
+        below, below_origin = _read_source(cls, _base_source(base.strip(), source), (*chain, identity), names)
     except _BaseLoopError:
         raise  # the chain already names every config in it
     except ConfigError as exc:
@@ -325,11 +330,12 @@ def _apply_override(data: dict[str, Any], override: str) -> None:
 
 def load_config(cls: type[C], source: str | None = None, overrides: list[str] | tuple[str, ...] = ()) -> C:
     """Build a stage config from a preset name, YAML file or URI (defaults if None), its bases, plus overrides."""
-    data, origin = _read_source(cls, source) if source else ({}, "defaults")
+    names: list[str] = []
+    data, origin = _read_source(cls, source, names=names) if source else ({}, "defaults")
     for override in overrides:
         _apply_override(data, override)
     try:
-        return cls.model_validate(data)
+        config = cls.model_validate(data)
     except pydantic.ValidationError as exc:
         problems = []
         for err in exc.errors():
@@ -341,3 +347,46 @@ def load_config(cls: type[C], source: str | None = None, overrides: list[str] | 
                 message = str(err.get("ctx", {}).get("error", err["msg"])) if err["type"] == "value_error" else err["msg"]
                 problems.append(f"{field}: {clip(message)} (got {clip(repr(err.get('input')))})")
         raise ConfigError(f"{cls.__name__} from {origin}: " + "; ".join(problems)) from None
+    _remember_preset(config, {"preset": names[0] if names else None, "bases": names[1:], "overrides": list(overrides)})
+    return config
+
+
+# --------------------------------------------------------------------------- where a config came from
+
+# The full dump of a loaded config (canonical JSON) -> the presets it was built from. Stages record their config
+# as that dump (report["config"], the manifest's lineage), not as the object: lineage finds the presets by it.
+_PRESETS: dict[str, dict[str, Any]] = {}
+_PRESETS_KEPT = 256  # a process loads a few configs; a test session thousands
+
+
+def _config_key(values: Any) -> str:
+    return json.dumps(values, sort_keys=True, default=str)
+
+
+def _remember_preset(config: StageConfig, preset: dict[str, Any]) -> None:
+    key = _config_key(config.model_dump(mode="json"))
+    _PRESETS.pop(key, None)
+    _PRESETS[key] = preset  # the latest load of equal content wins
+    while len(_PRESETS) > _PRESETS_KEPT:
+        del _PRESETS[next(iter(_PRESETS))]
+
+
+def preset_of(config: StageConfig | Mapping[str, Any]) -> dict[str, Any] | None:
+    """The presets a config loaded in this process was built from: {"preset": the preset name, file or URI given
+    (None: the defaults), "bases": its `base` chain below it, "overrides": the `key=value` overrides}; None for a
+    config load_config did not build here."""
+    values = config.model_dump(mode="json") if isinstance(config, StageConfig) else config
+    found = _PRESETS.get(_config_key(values))
+    return None if found is None else {**found, "bases": list(found["bases"]), "overrides": list(found["overrides"])}
+
+
+def describe_preset(preset: Mapping[str, Any] | None) -> str:
+    """One line: `tiny (on paper) + n=4`; "" for none."""
+    if not preset:
+        return ""
+    text = str(preset.get("preset") or "defaults")
+    if preset.get("bases"):
+        text += " (on " + " on ".join(str(b) for b in preset["bases"]) + ")"
+    if preset.get("overrides"):
+        text += " + " + " ".join(str(o) for o in preset["overrides"])
+    return text

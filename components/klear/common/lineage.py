@@ -7,6 +7,7 @@ Every `storage.publish_dir` writes `meta.lineage` into the manifest (`record`):
             (for a published output, a sha256 over its manifest's file checksums, so equal content gives an equal
             digest whoever published it), `stage` the stage that published the input, if any
     config  the stage's full config (every key, presets and overrides applied)
+    preset  the presets it was built from: {"preset", "bases", "overrides"} (klear.common.config.preset_of)
     code    {"package", "version", "commit"}: the commit from KLEAR_GIT_COMMIT (the images bake it in at build time:
             `--build-arg KLEAR_GIT_COMMIT=$(git rev-parse HEAD)`), else from the source checkout's git, if any
     kfp     {"run_id", "task"} inside a pipeline: KLEAR_RUN_ID (the pod's `pipeline/runid` label) and KLEAR_TASK_POD
@@ -91,7 +92,7 @@ def input_record(spec: str) -> dict[str, Any]:
     try:
         entry["digest"] = storage.content_digest(location)
         entry["stage"] = str(storage.read_manifest(location).meta.get("stage") or "")
-    except storage.UnpublishedOutputError:
+    except (storage.UnpublishedOutputError, NotADirectoryError):  # a source: a plain file or folder
         pass
     except (FileNotFoundError, storage.StorageError, OSError) as exc:
         entry["missing"] = str(exc)  # a shipped benchmark name, a deleted temp file: recorded, not fatal
@@ -103,9 +104,15 @@ def input_records(inputs: Iterable[str]) -> list[dict[str, Any]]:
 
 
 def record(inputs: list[dict[str, Any]], config: Mapping[str, Any] | None) -> dict[str, Any]:
-    """`meta.lineage` of an output made from `inputs` (`input_records`) under `config`."""
+    """`meta.lineage` of an output made from `inputs` (`input_records`) under `config` (and the presets that config
+    was loaded from in this process, if it was)."""
+    from klear.common.config import preset_of
+
     lineage: dict[str, Any] = {"inputs": inputs, "config": dict(config) if config is not None else None,
                                "code": code_version()}
+    preset = preset_of(config) if config is not None else None
+    if preset is not None:
+        lineage["preset"] = preset
     ids = pipeline_ids()
     if ids:
         lineage["kfp"] = ids
@@ -147,9 +154,14 @@ class Step:
                            for e in self.inputs]}
 
 
-def key_settings(stage: str, meta: Mapping[str, Any], config: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The few settings that tell one step of the chain from another: headline meta, then the stage's key config."""
-    shown = {key: meta[key] for key in KEY_META if key in meta and not isinstance(meta[key], (list, dict))}
+def key_settings(stage: str, meta: Mapping[str, Any], config: Mapping[str, Any] | None,
+                 preset: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The few settings that tell one step of the chain from another: the preset, headline meta, then the stage's
+    key config."""
+    from klear.common.config import describe_preset
+
+    shown: dict[str, Any] = {"preset": describe_preset(preset)} if preset else {}
+    shown |= {key: meta[key] for key in KEY_META if key in meta and not isinstance(meta[key], (list, dict))}
     if isinstance(meta.get("scores"), dict):
         shown["scores"] = meta["scores"]
     for key in KEY_SETTINGS.get(stage, ()):
@@ -180,8 +192,12 @@ def step_of(uri: str) -> Step:
     location = uri.partition("#")[0]
     try:
         manifest = storage.read_manifest(location)
-    except storage.UnpublishedOutputError:
-        return Step(uri, "", "", note="source (no manifest)")
+    except (storage.UnpublishedOutputError, NotADirectoryError):  # a plain file: the manifest path lies inside it
+        try:
+            digest = storage.content_digest(location)
+        except (FileNotFoundError, storage.StorageError, OSError) as exc:
+            return Step(uri, "", "", note=f"source, unreadable now: {exc}")
+        return Step(uri, "", digest, note="source (no manifest)")
     except (FileNotFoundError, storage.StorageError, OSError) as exc:
         return Step(uri, "", "", note=f"unreadable: {exc}")
     meta = manifest.meta
@@ -198,7 +214,8 @@ def step_of(uri: str) -> Step:
                 current = ""
         edges.append(Edge(roles.get(str(entry["uri"]), str(entry.get("stage") or "source")), str(entry["uri"]),
                           str(entry.get("digest") or ""), current))
-    return Step(uri, stage, storage.content_digest(location), manifest.created, key_settings(stage, meta, lineage.get("config")),
+    return Step(uri, stage, storage.content_digest(location), manifest.created,
+                key_settings(stage, meta, lineage.get("config"), lineage.get("preset")),
                 dict(lineage.get("code") or {}), dict(lineage.get("kfp") or {}), edges,
                 "" if lineage else "published before lineage was recorded")
 

@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from klear.common import lineage, storage
+from klear.common.config import describe_preset
 
 CARD_NAME = "README.md"
 MODEL_STAGES = ("sft", "gppo")
@@ -67,6 +68,8 @@ def render(uri: str, manifest: storage.Manifest, steps: list[lineage.Step],
     body = [f"# {uri}", "",
             f"A {meta.get('stage')} model of the Klear-Reasoner recipe, published {manifest.created}; content digest "
             f"`{digest}` (the sha256 over its manifest's file checksums; this card is not part of it).", "",
+            "## Recipe", "", f"Klear-Reasoner (arXiv 2508.07629), {meta.get('stage')} stage, preset "
+            f"`{describe_preset(record.get('preset')) or 'not recorded'}`.", "",
             "## Base model", "", f"`{base or 'unknown'}`", "", "## Data", ""]
     body += [f"- `{e['uri']}` (digest `{e.get('digest') or '-'}`)" for e in data] or ["- none recorded"]
     body += ["", "## Hyperparameters", "", "```json", json.dumps(config, indent=2, sort_keys=True), "```", "",
