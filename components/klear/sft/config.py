@@ -7,9 +7,13 @@ from typing import Literal
 import pydantic
 
 from klear.common.config import StageConfig
+from klear.common.tracking import TrackingSettings
 
 
-class SftConfig(StageConfig):
+class SftConfig(StageConfig, TrackingSettings):
+    """SFT settings; the tracking keys (report_to, tracking_uri, experiment, run_name, progress_seconds) are
+    TrackingSettings' (klear/common/tracking.py)."""
+
     preset_package = "klear.sft"
 
     # Data

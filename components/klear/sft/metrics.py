@@ -1,4 +1,4 @@
-"""Training metrics: tokens/s added to the Trainer's logs (so TensorBoard gets it too), and a summary for KFP."""
+"""Training metrics: tokens/s and packing efficiency added to the Trainer's logs (so TensorBoard gets it too), and a summary for KFP."""
 
 from __future__ import annotations
 
@@ -8,7 +8,22 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-TRACKED = ("loss", "learning_rate", "grad_norm", "tokens_per_second", "num_tokens", "mean_token_accuracy")
+TRACKED = ("loss", "learning_rate", "grad_norm", "tokens_per_second", "num_tokens", "mean_token_accuracy",
+           "packing_efficiency")
+
+
+def packing_ratio(lengths: list[int], max_length: int) -> float:
+    """Tokens over the room of the packed rows (rows x max_length): 1.0 = no space wasted."""
+    return sum(lengths) / (len(lengths) * max_length) if lengths and max_length > 0 else 0.0
+
+
+def packing_efficiency(dataset: Any, max_length: int, packing: bool) -> float | None:
+    """The packed dataset's packing ratio; None without packing (rows are then one sample each, padded per batch)."""
+    if not packing or dataset is None or "seq_lengths" not in dataset.column_names:
+        return None
+    # TRL's packed rows list their samples' lengths: no token ids read into memory.
+    lengths = [sum(row) for row in dataset["seq_lengths"]]
+    return packing_ratio(lengths, max_length)
 
 
 def tokens_per_second(tokens_before: float, tokens_now: float, seconds: float) -> float:
@@ -21,8 +36,9 @@ class ThroughputLogger(TrainerCallback):
     Must run before the TensorBoard callback, which writes the same `logs` dict: see `install`.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, packing_efficiency: float | None = None) -> None:
         self.history: list[dict[str, float]] = []
+        self.packing_efficiency = packing_efficiency  # of the whole packed dataset, logged with every row
         self._last: tuple[float, float] | None = None
 
     def install(self, trainer: Any) -> None:
@@ -39,6 +55,8 @@ class ThroughputLogger(TrainerCallback):
         if self._last is not None:
             logs["tokens_per_second"] = tokens_per_second(self._last[1], tokens, now - self._last[0])
         self._last = (now, tokens)
+        if self.packing_efficiency is not None:
+            logs["packing_efficiency"] = self.packing_efficiency
         self.history.append({"step": state.global_step, **{k: float(v) for k, v in logs.items() if k in TRACKED}})
 
 

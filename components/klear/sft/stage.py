@@ -146,11 +146,13 @@ def training_arguments(config: SftConfig, work: Path) -> Any:
         eos_token=END_OF_TURN,
         dataset_num_proc=config.dataset_num_proc,
         logging_steps=config.logging_steps,
-        report_to="none",  # TensorBoard is added by hand, to write into our own logs/ folder
+        # TensorBoard is added by hand, to write into our own logs/ folder; MLflow and W&B by klear.common.tracking
+        # (transformers' callbacks with one naming scheme and the run kept across restarts).
+        report_to="none",
         save_strategy="steps",
         save_steps=config.save_steps,
         save_total_limit=2,
-        disable_tqdm=True,
+        disable_tqdm=True,  # a progress line every progress_seconds instead (klear.common.tracking)
         dataloader_num_workers=0,
         # Without an accelerator, several processes must still form one (gloo) process group, not run alone.
         use_cpu=not hf_model.has_accelerator(),
@@ -171,12 +173,14 @@ def _dataset(inputs: StageInputs) -> tuple[Any, dict[str, Any]]:
 
 
 def _trainer(inputs: StageInputs, dataset: Any) -> Prepared:
-    from klear.sft.metrics import ThroughputLogger, summarize
+    from klear.common import tracking
+    from klear.sft.metrics import ThroughputLogger, packing_efficiency, summarize
 
     args = training_arguments(inputs.config, inputs.work)  # before the model: it switches on ZeRO-3's partitioned init
     trainer = make_trainer(inputs.model_dir, inputs.tokenizer, dataset, args)
-    throughput = ThroughputLogger()
+    throughput = ThroughputLogger(packing_efficiency(trainer.train_dataset, inputs.config.max_length, inputs.config.packing))
     throughput.install(trainer)
+    tracking.install(trainer, inputs.config, "sft", inputs.output, inputs.work / "logs")
     return Prepared(trainer, lambda result: {"metrics": summarize(throughput.history, result.metrics)})
 
 

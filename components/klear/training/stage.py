@@ -54,6 +54,7 @@ class StageInputs:
     tokenizer: Any
     work: Path  # the node's scratch folder
     stack: contextlib.ExitStack  # for what must live as long as training (reward workers)
+    output: str = ""  # the URI the stage publishes to (names the tracker run)
 
 
 @dataclass(frozen=True)
@@ -103,7 +104,7 @@ def run_stage(stage: TrainingStage, model: str, data: list[str], output: str, co
         checkpoints.refuse_other_world_size(output, config.resume, bool(config.deepspeed))  # before the model loads
         model_dir = hf_model.local_model(model, stack)
         tokenizer = stage.load_tokenizer(model_dir, model, config)
-        inputs = StageInputs(model, model_dir, list(data), config, tokenizer, work, stack)
+        inputs = StageInputs(model, model_dir, list(data), config, tokenizer, work, stack, output)
         dataset, counts = stage.dataset(inputs)
         log.info("data: %d records, %d kept, skipped %s", counts["read"], counts["kept"], counts["skipped"])
         prepared = stage.trainer(inputs, dataset)

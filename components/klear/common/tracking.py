@@ -1,0 +1,363 @@
+"""Experiment tracking of the training stages: MLflow and W&B through transformers' own callbacks, a progress line
+in the log, and the training curves as a self-contained HTML page.
+
+One naming scheme for every tracker and the curves: `train/...` (the update: loss, lr, grad norm, clip fractions,
+entropy, KL), `rollout/...` (generation: response lengths, truncation, group filtering, tokens/s), `reward/...`
+(scores, per task, and the reward workers) and `val/...` (validation during RL). TensorBoard keeps transformers'
+names (`train/<logged key>`): its files are also what a resumed run continues.
+
+Credentials never pass through a config: MLflow and W&B read theirs from the environment (MLFLOW_TRACKING_USERNAME,
+MLFLOW_TRACKING_PASSWORD, MLFLOW_TRACKING_TOKEN, WANDB_API_KEY), which the chart fills from a Secret. A run's
+tracker ids are kept with every checkpoint (`tracking_run.json`), so a resumed stage continues the same run; only
+rank 0 reports (transformers' callbacks check it).
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import logging
+import math
+import os
+import time
+import urllib.parse
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pydantic
+
+log = logging.getLogger("klear.tracking")
+
+TRACKERS = ("tensorboard", "mlflow", "wandb")
+RUN_FILE = "tracking_run.json"  # the tracker run ids, in every checkpoint folder
+CURVES_FILE = "curves.html"
+HISTORY_FILE = "history.jsonl"  # the scheme-named rows the curves are drawn from, continued on resume
+# What the chart's tracking Secret may hold; read by MLflow and W&B themselves, never by a config.
+SECRET_KEYS = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN", "WANDB_API_KEY")
+# Addresses a Secret may also set (a server's URI is not secret, but may be kept beside its credentials).
+SECRET_ADDRESS_KEYS = ("MLFLOW_TRACKING_URI", "WANDB_BASE_URL")
+
+# Logged key -> scheme name. Keys not listed become train/<key>; keys already in the scheme stay.
+SCHEME = {
+    "loss": "train/loss", "learning_rate": "train/learning_rate", "grad_norm": "train/grad_norm",
+    "tokens_per_second": "train/tokens_per_second", "packing_efficiency": "train/packing_efficiency",
+    "num_tokens": "train/tokens", "mean_token_accuracy": "train/token_accuracy", "epoch": "train/epoch",
+    "policy_loss": "train/policy_loss", "sft_nll": "train/sft_nll", "entropy": "train/entropy",
+    "approx_kl": "train/kl_old_policy", "clip_frac_low": "train/clip_frac_low", "clip_frac_high": "train/clip_frac_high",
+    "gradient_kept_frac": "train/gradient_kept_frac", "ratio_mean": "train/ratio_mean", "ratio_max": "train/ratio_max",
+    "time/update_s": "train/update_s", "step_time": "train/step_s",
+    "reward": "reward/mean", "reward_std": "reward/std", "accuracy": "reward/accuracy",
+    "reward_timeouts": "reward/timeouts", "reward_errors": "reward/errors", "time/rewards_s": "reward/worker_s",
+    "completions/mean_length": "rollout/response_length_mean", "completions/max_length": "rollout/response_length_max",
+    "completions/min_length": "rollout/response_length_min", "completions/clipped_ratio": "rollout/truncated_frac",
+    "groups_filtered_frac": "rollout/zero_advantage_groups_frac",
+    "frac_reward_zero_std": "rollout/zero_std_groups_frac", "fill_ratio": "rollout/fill_ratio",
+    "refill_rounds": "rollout/refill_rounds", "time/generation_s": "rollout/generation_s",
+    "rollout_tokens_per_second": "rollout/tokens_per_second", "num_tokens_generated": "rollout/tokens",
+}
+SCHEME_PREFIXES = ("train/", "rollout/", "reward/", "val/")
+# The figures a progress line shows, when logged.
+PROGRESS_FIGURES = ("train/loss", "reward/mean", "reward/accuracy", "rollout/response_length_mean", "train/grad_norm",
+                    "train/tokens_per_second", "val/pass@1")
+
+
+class TrackingSettings(pydantic.BaseModel):
+    """Experiment tracking keys of a training stage's config (sft, gppo)."""
+
+    report_to: str = pydantic.Field(
+        "tensorboard", description="comma-separated trackers: tensorboard (always written to the output's logs/), "
+        "mlflow, wandb; 'none' = logs/ only")
+    tracking_uri: str = pydantic.Field(
+        "", description="MLflow tracking server; '' = MLFLOW_TRACKING_URI (e.g. from the chart's Secret) or MLflow's "
+        "default. No credentials here: they come from the environment")
+    experiment: str = pydantic.Field("", description="MLflow experiment / W&B project; '' = MLFLOW_EXPERIMENT_NAME / WANDB_PROJECT")
+    run_name: str = pydantic.Field("", description="'' = <stage> <the output's last two path parts>")
+    progress_seconds: float = pydantic.Field(60.0, gt=0, description="a progress line in the log every N seconds")
+
+    @pydantic.field_validator("report_to")
+    @classmethod
+    def _known_trackers(cls, value: str) -> str:
+        parse_report_to(value)
+        return value
+
+    @pydantic.field_validator("tracking_uri")
+    @classmethod
+    def _no_credentials(cls, value: str) -> str:
+        parsed = urllib.parse.urlsplit(value)
+        if parsed.username or parsed.password:
+            raise ValueError("tracking_uri holds credentials: put them in the tracking Secret (MLFLOW_TRACKING_USERNAME, "
+                             "MLFLOW_TRACKING_PASSWORD or MLFLOW_TRACKING_TOKEN), never in a config")
+        return value
+
+
+# --------------------------------------------------------------------------- pure parts
+
+
+def parse_report_to(value: str) -> tuple[str, ...]:
+    """The trackers named in `report_to` ('none' = none beyond TensorBoard); unknown names are errors."""
+    names = tuple(dict.fromkeys(n.strip().lower() for n in value.split(",") if n.strip()))
+    if names == ("none",):
+        return ()
+    unknown = [n for n in names if n not in TRACKERS]
+    if unknown or not names:
+        raise ValueError(f"report_to {value!r}: expected a comma-separated list of {', '.join(TRACKERS)}, or 'none'")
+    return names
+
+
+def scheme_name(key: str) -> str:
+    """The scheme name (train/, rollout/, reward/, val/) of a key the Trainer logged."""
+    if key in SCHEME:
+        return SCHEME[key]
+    if key.startswith(SCHEME_PREFIXES):
+        return key
+    if key.startswith("rewards/"):  # TRL: rewards/<function>/mean
+        return "reward/" + key.removeprefix("rewards/")
+    if key.startswith("completions/"):  # TRL's other length figures
+        return "rollout/" + key.removeprefix("completions/")
+    if key.startswith("sampling/"):  # TRL: vLLM vs trainer log-probs, importance weights
+        return "rollout/" + key
+    return "train/" + key
+
+
+def scheme_logs(logs: Mapping[str, Any]) -> dict[str, float]:
+    """The numeric, finite entries of a log row under their scheme names."""
+    out: dict[str, float] = {}
+    for key, value in logs.items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(float(value)):
+            out[scheme_name(key)] = float(value)
+    return out
+
+
+def default_run_name(stage: str, output: str) -> str:
+    parts = [p for p in output.rstrip("/").split("/") if p and not p.endswith(":")]
+    return f"{stage} {'/'.join(parts[-2:])}".strip()
+
+
+def run_environment(settings: TrackingSettings, trackers: Sequence[str], resumed: Mapping[str, str]) -> dict[str, str]:
+    """Environment for transformers' MLflow / W&B callbacks: the config's address and experiment (when given; else
+    MLflow's and W&B's own variables apply), and the run ids of a resumed run, so it continues the same run."""
+    env: dict[str, str] = {}
+    if "mlflow" in trackers:
+        if settings.tracking_uri:
+            env["MLFLOW_TRACKING_URI"] = settings.tracking_uri
+        if settings.experiment:
+            env["MLFLOW_EXPERIMENT_NAME"] = settings.experiment
+        if resumed.get("mlflow"):
+            env["MLFLOW_RUN_ID"] = resumed["mlflow"]
+    if "wandb" in trackers:
+        if settings.experiment:
+            env["WANDB_PROJECT"] = settings.experiment
+        if resumed.get("wandb"):
+            env["WANDB_RUN_ID"], env["WANDB_RESUME"] = resumed["wandb"], "allow"
+    return env
+
+
+def format_duration(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}"
+
+
+def progress_line(step: int, total: int, elapsed: float, steps_done: int, figures: Mapping[str, float]) -> str:
+    """'step 12/400 (3%), elapsed 0:10:00, ETA 5:23:00, train/loss 0.41, ...'; the ETA from this attempt's pace
+    (`steps_done` steps in `elapsed` seconds: a resumed run's earlier steps took no time here)."""
+    share = f" ({100 * step / total:.0f}%)" if total > 0 else ""
+    eta = format_duration((total - step) * elapsed / steps_done) if steps_done > 0 and total >= step else "?"
+    shown = ", ".join(f"{key} {figures[key]:.4g}" for key in PROGRESS_FIGURES if key in figures)
+    return f"step {step}/{total}{share}, elapsed {format_duration(elapsed)}, ETA {eta}" + (f", {shown}" if shown else "")
+
+
+# --------------------------------------------------------------------------- curves
+
+
+def curve_groups(rows: Sequence[Mapping[str, float]]) -> dict[str, dict[str, list[tuple[float, float]]]]:
+    """{prefix: {name: [(step, value), ...]}} of scheme-named rows that carry a `step`."""
+    groups: dict[str, dict[str, list[tuple[float, float]]]] = {}
+    for row in rows:
+        for name, value in row.items():
+            if name == "step" or "/" not in name:
+                continue
+            groups.setdefault(name.split("/")[0], {}).setdefault(name, []).append((row["step"], value))
+    return groups
+
+
+def render_curves(rows: Sequence[Mapping[str, float]], title: str) -> str:
+    """A self-contained HTML page (PNG figures inline) with one small chart per logged figure, by group."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display in a pod
+    import matplotlib.pyplot as plt
+
+    sections = []
+    for group, curves in sorted(curve_groups(rows).items()):
+        names = sorted(curves)
+        columns = min(3, len(names))
+        fig, axes = plt.subplots(math.ceil(len(names) / columns), columns, figsize=(4.2 * columns, 2.8 * math.ceil(len(names) / columns)),
+                                 squeeze=False)
+        for ax, name in zip(axes.flat, names):
+            points = sorted(curves[name])
+            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o" if len(points) < 30 else None, markersize=3)
+            ax.set_title(name, fontsize=9)
+            ax.set_xlabel("step", fontsize=8)
+            ax.tick_params(labelsize=7)
+            ax.grid(alpha=0.3)
+        for ax in list(axes.flat)[len(names):]:
+            ax.set_visible(False)
+        fig.tight_layout()
+        buffer = io.BytesIO()
+        fig.savefig(buffer, format="png", dpi=80)
+        plt.close(fig)
+        image = base64.b64encode(buffer.getvalue()).decode()
+        sections.append(f'<h2>{group}</h2>\n<img alt="{group} curves" src="data:image/png;base64,{image}">')
+    body = "\n".join(sections) or "<p>No figures logged yet.</p>"
+    steps = max((int(r["step"]) for r in rows), default=0)
+    return (f"<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>{title}</title>"
+            "<style>body{font-family:sans-serif;margin:1.5em}img{max-width:100%}</style></head>\n"
+            f"<body><h1>{title}</h1><p>Up to step {steps}.</p>\n{body}\n</body></html>\n")
+
+
+# --------------------------------------------------------------------------- callbacks
+
+
+def _callbacks() -> tuple[type, type, type]:
+    from transformers import TrainerCallback
+    from transformers.integrations import MLflowCallback, WandbCallback
+
+    class SchemeMLflow(MLflowCallback):
+        """transformers' MLflow callback with the scheme's metric names."""
+
+        def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, model: Any = None, **kwargs: Any) -> None:
+            super().on_log(args, state, control, scheme_logs(logs or {}), model=model, **kwargs)
+
+    class SchemeWandb(WandbCallback):
+        """transformers' W&B callback with the scheme's metric names (its own would prefix every name with train/)."""
+
+        def on_log(self, args: Any, state: Any, control: Any, model: Any = None, logs: Any = None, **kwargs: Any) -> None:
+            if self._wandb is None:
+                return
+            if not self._initialized:
+                self.setup(args, state, model)
+            if state.is_world_process_zero:
+                self._wandb.log({**scheme_logs(logs or {}), "train/global_step": state.global_step})
+
+    return TrainerCallback, SchemeMLflow, SchemeWandb
+
+
+def install(trainer: Any, settings: TrackingSettings, stage: str, output: str, logs_dir: Path) -> Any:
+    """Add the tracking callbacks to `trainer` (built with report_to='none'); returns the RunTracker."""
+    base, mlflow_callback, wandb_callback = _callbacks()
+    trackers = parse_report_to(settings.report_to)
+    trainer.args.run_name = settings.run_name or default_run_name(stage, output)
+    tracker = _run_tracker(base)(settings, trackers, stage, logs_dir)
+    trainer.add_callback(tracker)  # before the integrations: it sets their environment at train begin
+    if "mlflow" in trackers:
+        trainer.add_callback(mlflow_callback())
+    if "wandb" in trackers:
+        trainer.add_callback(wandb_callback())
+    trainer.add_callback(_restorer(base)(tracker))  # after the integrations have closed their runs
+    return tracker
+
+
+def _restorer(base: type) -> type:
+    class RestoreEnvironment(base):
+        def __init__(self, tracker: Any) -> None:
+            self.tracker = tracker
+
+        def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            self.tracker.restore_environment()
+
+    return RestoreEnvironment
+
+
+def _run_tracker(base: type) -> type:
+    class RunTracker(base):
+        """Sets the trackers' environment (resumed run ids), keeps the ids and the curves with every checkpoint,
+        logs a progress line every `progress_seconds`."""
+
+        def __init__(self, settings: TrackingSettings, trackers: Sequence[str], stage: str, logs_dir: Path) -> None:
+            self.settings, self.trackers, self.stage, self.logs_dir = settings, tuple(trackers), stage, logs_dir
+            self.rows: list[dict[str, float]] = []
+            self.latest: dict[str, float] = {}
+            self._saved_env: dict[str, str | None] = {}
+            self._started = self._last_line = time.monotonic()
+            self._first_step = 0
+
+        # -- run identity
+        def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            self._started = self._last_line = time.monotonic()
+            self._first_step = state.global_step
+            resumed: dict[str, str] = {}
+            path = Path(args.output_dir) / f"checkpoint-{state.global_step}" / RUN_FILE
+            if state.global_step > 0 and path.is_file():
+                resumed = json.loads(path.read_text())
+                log.info("continuing tracker run(s) %s", ", ".join(f"{k} {v}" for k, v in resumed.items()))
+            for key, value in run_environment(self.settings, self.trackers, resumed).items():
+                self._saved_env.setdefault(key, os.environ.get(key))
+                os.environ[key] = value
+            history = self.logs_dir / HISTORY_FILE
+            if state.is_world_process_zero and history.is_file():  # the curves so far, restored with the TensorBoard logs
+                self.rows = [json.loads(line) for line in history.read_text().splitlines() if line.strip()]
+                self.rows = [r for r in self.rows if r.get("step", 0) <= state.global_step]
+
+        def run_ids(self) -> dict[str, str]:
+            ids = {}
+            if "mlflow" in self.trackers:
+                import mlflow
+
+                active = mlflow.active_run()
+                if active is not None:
+                    ids["mlflow"] = active.info.run_id
+            if "wandb" in self.trackers:
+                import wandb
+
+                if wandb.run is not None:
+                    ids["wandb"] = wandb.run.id
+            return ids
+
+        def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if not state.is_world_process_zero:
+                return
+            folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+            if folder.is_dir():
+                (folder / RUN_FILE).write_text(json.dumps(self.run_ids()))
+            self.write_curves()
+
+        def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if state.is_world_process_zero:
+                self.write_curves()
+
+        def restore_environment(self) -> None:
+            for key, value in self._saved_env.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+            self._saved_env = {}
+
+        # -- curves and progress
+        def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
+            if not state.is_world_process_zero or not logs:
+                return
+            row = scheme_logs({k: v for k, v in logs.items() if not k.startswith("train_")})  # not the run's summary
+            if row:
+                self.latest.update(row)
+                self.rows.append({"step": float(state.global_step), **row})
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            now = time.monotonic()
+            if not state.is_world_process_zero:
+                return
+            if now - self._last_line >= self.settings.progress_seconds or state.global_step == state.max_steps:
+                self._last_line = now
+                log.info("%s: %s", self.stage, progress_line(state.global_step, state.max_steps, now - self._started,
+                                                             state.global_step - self._first_step, self.latest))
+
+        def write_curves(self) -> None:
+            """curves.html and history.jsonl into the TensorBoard folder: published with every checkpoint and the model."""
+            self.logs_dir.mkdir(parents=True, exist_ok=True)
+            (self.logs_dir / HISTORY_FILE).write_text("".join(json.dumps(r) + "\n" for r in self.rows))
+            (self.logs_dir / CURVES_FILE).write_text(render_curves(self.rows, f"{self.stage}: training curves"))
+
+    return RunTracker
