@@ -8,6 +8,7 @@ from typing import ClassVar, Literal
 import pydantic
 
 from klear.common.config import StageConfig
+from klear.common.tracking import TrackingSettings
 from klear.verifiers.config import VerifierConfig
 
 # Here rather than in losses.py, so that reward workers read this config without importing torch.
@@ -55,7 +56,10 @@ class RewardConfig(pydantic.BaseModel):
                                  description="module:function scoring one rollout task (tests plug in others)")
 
 
-class GppoConfig(StageConfig):
+class GppoConfig(StageConfig, TrackingSettings):
+    """GPPO settings; the tracking keys (report_to, tracking_uri, experiment, run_name, progress_seconds) are
+    TrackingSettings' (klear/common/tracking.py)."""
+
     preset_package: ClassVar[str] = "klear.gppo"
 
     task: Literal["math", "code"] = pydantic.Field("math", description="which verifier scores the rollouts")
@@ -122,6 +126,16 @@ class GppoConfig(StageConfig):
     keep_checkpoints: int = pydantic.Field(2, ge=1)
     resume: bool = True
     logging_steps: int = pydantic.Field(1, ge=1)
+
+    # --- validation during RL: the evaluation's own protocol and judge on a held-out set ---
+    val_data: list[str] = pydantic.Field(
+        default_factory=list, description="benchmark files for `klear evaluate --benchmark` (e.g. a slice of AIME or the "
+        "demo benchmark); [] = no validation")
+    val_every: int = pydantic.Field(0, ge=0, description="validate every N optimizer steps and at step 0; 0 = only at step 0 "
+                                    "and the last step")
+    val_config: str = pydantic.Field("tiny", description="the evaluate preset or YAML file: benchmarks, k samples per "
+                                     "problem, sampling and judging settings")
+    val_overrides: list[str] = pydantic.Field(default_factory=list, description="key=value overrides of val_config")
 
     reward: RewardConfig = RewardConfig()
     verifier: VerifierConfig = VerifierConfig()

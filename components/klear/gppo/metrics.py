@@ -1,8 +1,9 @@
 """Per-step RL metrics: every Trainer log row kept for the report, and the summary the KFP component logs.
 
 The rows hold TRL's rollout figures (reward, reward_std, completions/mean_length, step_time), the
-trainer's (accuracy, clip_frac_low/high, ratio_mean/max, approx_kl, entropy, policy_loss, sft_nll,
-groups_filtered_frac, fill_ratio, refill_rounds, reward_timeouts) and the optimiser's (grad_norm,
+trainer's (accuracy, reward/<task>/mean, clip_frac_low/high, gradient_kept_frac, ratio_mean/max, approx_kl,
+entropy, policy_loss, sft_nll, groups_filtered_frac, fill_ratio, refill_rounds, reward_timeouts,
+rollout_tokens_per_second) and the optimiser's (grad_norm,
 learning_rate). TensorBoard gets the same rows through its callback.
 """
 
@@ -15,6 +16,17 @@ from transformers import TrainerCallback
 
 SUMMARY_KEYS = ("reward", "reward_std", "accuracy", "clip_frac_low", "clip_frac_high", "entropy", "completions/mean_length",
                 "grad_norm", "groups_filtered_frac", "fill_ratio")
+
+
+def gradient_kept_fraction(loss: str, clip_low: float, clip_high: float, beta1: float = 1.0, beta2: float = 1.0) -> float:
+    """Fraction of the mini-batch's tokens whose gradient the loss keeps where PPO's clip would zero it: the clipped
+    regions (δ < 1−ε_l with Ã < 0, δ > 1+ε_h with Ã > 0) for GPPO (a region scaled by β = 0 is dropped again) and
+    CISPO; none for ppo_clip and clip_higher."""
+    if loss == "gppo":
+        return clip_low * (beta1 > 0) + clip_high * (beta2 > 0)
+    if loss == "cispo":
+        return clip_low + clip_high
+    return 0.0
 
 
 class HistoryLogger(TrainerCallback):

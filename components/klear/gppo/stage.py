@@ -74,18 +74,26 @@ def _dataset(inputs: StageInputs) -> tuple[Any, dict[str, Any]]:
 
 
 def _trainer(inputs: StageInputs, dataset: Any) -> Prepared:
+    from klear.common import tracking
     from klear.gppo.metrics import HistoryLogger, summarize
     from klear.gppo.rewards import RewardPool
+    from klear.gppo.validation import Validation
 
     config = inputs.config
     pool = inputs.stack.enter_context(RewardPool(config.reward, config.verifier))
     trainer = make_trainer(inputs.model_dir, inputs.tokenizer, dataset, config, inputs.work, pool)
     history = HistoryLogger()
     trainer.add_callback(history)
+    tracking.install(trainer, config, "gppo", inputs.output, inputs.work / "logs")
+    validation = None
+    if config.val_data:  # after the trackers: its step-0 figures go to the run they open
+        validation = Validation(trainer, config.val_data, config.val_config, config.val_every, inputs.work, inputs.tokenizer,
+                                config.val_overrides)
+        trainer.add_callback(validation)
 
     def finish(result: Any) -> dict[str, Any]:
         return {"training": {"reward_timeouts": trainer.reward_timeouts, "fill_ratio_min": trainer.fill_ratio_min},
-                "history": history.rows,
+                "history": history.rows, **({"validation": validation.history} if validation else {}),
                 "metrics": {**summarize(history.rows, result.metrics), "reward_timeouts": float(trainer.reward_timeouts)}}
 
     return Prepared(trainer, finish)

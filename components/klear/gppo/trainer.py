@@ -26,6 +26,7 @@ from trl import GRPOConfig, GRPOTrainer
 from klear.gppo.batching import gather_rows, pick_groups, shortfall, varied_groups
 from klear.gppo.config import GppoConfig
 from klear.gppo.losses import policy_loss, sft_loss
+from klear.gppo.metrics import gradient_kept_fraction
 
 if TYPE_CHECKING:
     from klear.gppo.rewards import RewardOutcome, RewardPool
@@ -150,8 +151,8 @@ def grpo_arguments(cfg: GppoConfig, output_dir: Path, world_size: int, use_cpu: 
         save_strategy="steps",
         save_steps=cfg.save_steps,
         save_total_limit=2,
-        report_to="none",
-        disable_tqdm=True,
+        report_to="none",  # TensorBoard by the skeleton, MLflow / W&B by klear.common.tracking (one naming scheme)
+        disable_tqdm=True,  # a progress line every progress_seconds instead
         log_completions=False,
         use_cpu=use_cpu,
     )
@@ -240,7 +241,7 @@ class GppoTrainer(GRPOTrainer):
         rows = inputs + (self._refill_rows(math.ceil((cfg.oversample - 1) * quota)) if filtering else [])
         rounds: list[dict[str, Any]] = []
         informative: list[list[bool]] = []
-        timeouts = errors = correct_first = 0.0
+        timeouts = errors = correct_first = reward_first = 0.0
         while True:
             out = super()._generate_and_score_completions(rows)
             outcomes = self.verifier_reward.outcomes
@@ -252,6 +253,7 @@ class GppoTrainer(GRPOTrainer):
             errors += sum(o.reason.startswith("error") for o in outcomes)
             if not rounds:
                 correct_first = float(out["correct"].mean())
+                reward_first = sum(o.reward for o in outcomes) / max(len(outcomes), 1)
             rounds.append(out)
             if not filtering or len(rounds) > cfg.max_refill_rounds:
                 break
@@ -276,7 +278,8 @@ class GppoTrainer(GRPOTrainer):
             generated=sum(len(flags) for flags in informative),
             uninformative=sum(flags.count(False) for flags in informative),
             picked=sum(p.informative for p in picks), quota=quota, timeouts=timeouts, errors=errors,
-            correct_first=correct_first)
+            correct_first=correct_first, reward_first=reward_first,
+            completion_tokens=sum(float(r["completion_mask"].sum()) for r in rounds))
         for key in ("num_items_in_batch", "num_seqs_in_batch", "num_sft_items"):
             batch[key] = total[key]
         fill = float(total["picked"] / total["quota"])
@@ -288,6 +291,8 @@ class GppoTrainer(GRPOTrainer):
         self.reward_timeouts += int(total["timeouts"])
         metrics = self._metrics["train"]
         metrics["accuracy"].append(float(total["correct_first"]) / self.accelerator.num_processes)
+        # The stage's one task; named per task so math and code RL runs line up in one tracker.
+        metrics[f"reward/{cfg.task}/mean"].append(float(total["reward_first"]) / self.accelerator.num_processes)
         metrics["groups_filtered_frac"].append(float(total["uninformative"] / total["generated"]))
         metrics["fill_ratio"].append(fill)
         metrics["refill_rounds"].append(len(rounds) - 1)
@@ -297,6 +302,8 @@ class GppoTrainer(GRPOTrainer):
         self._rollout_seconds += elapsed
         metrics["time/rewards_s"].append(scoring)
         metrics["time/generation_s"].append(elapsed - scoring)
+        # All ranks' generated tokens over this rank's generation time: the ranks generate side by side.
+        metrics["rollout_tokens_per_second"].append(float(total["completion_tokens"]) / max(elapsed - scoring, 1e-9))
         return batch
 
     # ------------------------------------------------------------------ loss
@@ -335,6 +342,8 @@ class GppoTrainer(GRPOTrainer):
         metrics = self._metrics[mode]
         for name, value in stats.items():
             metrics[name].append(value)
+        metrics["gradient_kept_frac"].append(gradient_kept_fraction(cfg.loss, stats["clip_frac_low"], stats["clip_frac_high"],
+                                                                    cfg.beta1, cfg.beta2))
         metrics["policy_loss"].append(float(mean_loss.detach()))
         metrics["sft_nll"].append(float(nll.detach()))
         tokens = inputs["completion_mask"]
