@@ -112,6 +112,28 @@ CRD_SCHEMAS: dict[str, dict[str, Any]] = {
     }, ("apiVersion", "kind", "metadata", "spec")),
 }
 
+# LeaderWorkerSet (leaderworkerset.x-k8s.io/v1, kubernetes-sigs/lws): the envelope as its Go types define it
+# (api/leaderworkerset/v1/leaderworkerset_types.go), closed; leader and worker templates are checked by
+# Kubernetes' own PodTemplateSpec schema.
+CRD_SCHEMAS["LeaderWorkerSet"] = _closed({
+    "apiVersion": {"const": "leaderworkerset.x-k8s.io/v1"}, "kind": {"const": "LeaderWorkerSet"},
+    "metadata": _META,
+    "spec": _closed({
+        "replicas": {"type": "integer", "minimum": 0},
+        "startupPolicy": {"enum": ["LeaderCreated", "LeaderReady"]},
+        "rolloutStrategy": {"type": "object"},
+        "networkConfig": {"type": "object"},
+        "leaderWorkerTemplate": _closed({
+            "leaderTemplate": _ref("io.k8s.api.core.v1.PodTemplateSpec"),
+            "workerTemplate": _ref("io.k8s.api.core.v1.PodTemplateSpec"),
+            "size": {"type": "integer", "minimum": 1},
+            "restartPolicy": {"enum": ["RecreateGroupOnPodRestart", "RecreateGroupAfterStart", "None"]},
+            "subGroupPolicy": {"type": "object"},
+            "volumeClaimTemplates": {"type": "array", "items": _ref("io.k8s.api.core.v1.PersistentVolumeClaim")},
+        }, ("workerTemplate",)),
+    }, ("leaderWorkerTemplate",)),
+}, ("apiVersion", "kind", "metadata", "spec"))
+
 
 def _registry() -> Any:
     from referencing import Registry, Resource
