@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install install-vllm test-vllm demo stage test test-fast lint typecheck pipeline bench gpu-check clean
+.PHONY: install install-vllm install-mlflow test-vllm demo stage test test-fast lint typecheck pipeline bench gpu-check clean
 
 install: $(STAMP)
 
@@ -33,6 +33,18 @@ $(VLLM_STAMP): pyproject.toml constraints.txt
 	$(VLLM_VENV)/bin/pip uninstall --quiet --yes torchvision torchaudio torchcodec
 	touch $(VLLM_STAMP)
 
+# The MLflow tracking server for the tracking tests (tests/sft/test_tracking.py starts it on loopback): its own
+# environment, as mlflow 3.17's server pins pyarrow < 26, which the main environment's pyarrow is not.
+MLFLOW_VENV := .venv-mlflow
+MLFLOW_STAMP := $(MLFLOW_VENV)/.installed-stamp
+
+install-mlflow: $(MLFLOW_STAMP)
+
+$(MLFLOW_STAMP):
+	$(PYTHON) -m venv $(MLFLOW_VENV)
+	$(MLFLOW_VENV)/bin/pip install --quiet --disable-pip-version-check mlflow==3.17.2
+	touch $(MLFLOW_STAMP)
+
 # The whole pipeline, locally, on CPU: the compiled klear-reasoner DAG under kfp.local on the demo's tiny model
 # and synthetic task, outputs on a SeaweedFS server started on loopback (NO_S3=1: plain folders). Prints base ->
 # SFT -> RL on the held-out demo benchmark; writes runs/demo/summary.json and runs/demo/report.html.
@@ -45,7 +57,7 @@ stage: pipeline
 
 # The type check, then every test. pytest exits 5 when it collects nothing; that is not a failure of the suite.
 # Then the GPU code paths on vLLM's CPU build, from .venv-vllm (the main environment has no vLLM and skips them).
-test: lint typecheck install-vllm
+test: lint typecheck install-vllm install-mlflow
 	$(BIN)/python -m pytest; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; rc=0; fi; \
 	$(TEST_VLLM) || rc=1; exit $$rc
 

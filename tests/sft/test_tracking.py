@@ -162,3 +162,27 @@ def test_mlflow_and_wandb_runs_read_back_and_continued_on_resume(
     final = client.get_run(mlflow_run.info.run_id)
     assert SECRET not in json.dumps({**final.data.params, **final.data.tags})
     assert "password" not in json.dumps(report["config"]).lower()
+
+
+def test_curves_page_shows_its_charts_in_headless_chromium(tmp_path: Path) -> None:
+    import shutil
+
+    from PIL import Image
+
+    from tests.evaluate.test_report import CHROMIUM_FLAGS, MPL_BLUE, _colour_pixels
+
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if browser is None:
+        pytest.skip("Debian's chromium is not installed here and could not be (.ci/run installs it with apt-get)")
+    rows = [{"step": float(s), "train/loss": 3.0 / s, "reward/mean": s / 20, "val/pass@1": 2.0 * s} for s in range(1, 21)]
+    page = tmp_path / "curves.html"
+    page.write_text(tracking.render_curves(rows, "gppo: training curves"))
+    assert page.read_text().count("data:image/png;base64,") == 3  # one figure per group: reward, train, val
+    shot = tmp_path / "shot.png"
+    result = subprocess.run([browser, *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile'}", f"--screenshot={shot}",
+                             "--window-size=1000,1400", page.as_uri()], capture_output=True, text=True, timeout=120)
+    assert shot.exists(), result.stderr[-2000:]
+    with Image.open(shot) as image:
+        rgb = image.convert("RGB")
+    # The lines can only be there if the inlined PNGs were decoded and drawn.
+    assert _colour_pixels(rgb, MPL_BLUE) > 300
