@@ -9,9 +9,11 @@
 3. Runs the compiled `klear-reasoner` pipeline itself (the DAG a cluster runs, not a separate wiring) under
    kfp.local with the demo presets. The teacher is the `records` backend of `klear sample` on the sources'
    shipped worked traces: a real backend, and the only teacher that fits a CPU (a tiny model cannot teach).
-   Every sampling use runs as a cluster runs it: a ParallelFor of slice tasks (one slice here), then a merge.
+   Every sampling use runs as a cluster runs it: a ParallelFor of slice tasks (two for the teacher and the
+   reference model), then a merge.
 4. Prints the evaluation of base -> SFT -> RL on the held-out benchmark and writes <workdir>/summary.json:
-   {"base": {"pass@1", "stderr"}, "sft": {...}, "rl": {...}, "seconds": {stage: s, ...}} (percent).
+   {"base": {"pass@1", "stderr"}, "sft": {...}, "rl": {...}, "seconds": {stage: s, ...}} (percent), and
+   <workdir>/lineage.json (.txt): the chain from that evaluation back to the demo's sources (`klear lineage`).
 """
 
 from __future__ import annotations
@@ -46,9 +48,9 @@ DEMO = {
     "filter_code_overrides": ["backend=records", "n=1"],
     "reference_overrides": ["n=1", "max_prompts=200"],
     "sample_gpus": "0", "sft_gpus_per_node": "0", "rl_gpus_per_node": "0",
-    # One slice each (the ParallelFor -> merge path all the same): a merge of several slices emits the rows in
-    # shard order, not prompt order, and the demo's calibrated figures depend on the order of the SFT data.
-    "teacher_slices": 1, "reference_slices": 1,
+    # Two slice tasks each, then a merge: the fan-out a cluster runs, on every CI push. The merge writes rows in
+    # prompt order, so the SFT data (and the calibrated figures) are those of an unsliced run.
+    "teacher_slices": 2, "reference_slices": 2,
 }
 QUICK: dict[str, Any] = {"gppo_math_overrides": ["max_steps=40"], "gppo_code_overrides": ["max_steps=40"]}
 

@@ -110,29 +110,37 @@ def test_the_single_stage_pipelines_fan_out_too(compiled: Path, name: str) -> No
     assert fan_out["count"] == "slices" and spec.root.input_definitions.parameters["slices"].description.strip()
 
 
-@pytest.mark.slow
-def test_klear_sample_in_two_slices_under_kfp_local(compiled: Path, s3_bucket: str, tmp_path: Path) -> None:
+def test_klear_sample_in_two_slices_under_kfp_local_publishes_the_unsliced_rows(compiled: Path, s3_bucket: str,
+                                                                              tmp_path: Path) -> None:
     """The fan-out runs under kfp.local (as the demo's teacher and reference): two slice tasks, one merge, every
-    unit once, the same rows as one slice gives."""
+    unit once, and the very rows, in the very order and bytes, of an unsliced `klear sample` of the same prompts."""
     import json
 
     from klear.common import storage
-    from klear.sample.stage import iter_rows
+    from klear.common.config import load_config
+    from klear.sample.config import SampleConfig
+    from klear.sample.stage import run
     from pipelines.run_local import run_compiled
 
     rows = [{"id": f"p{i}", "prompt": f"What is {i} + 1?", "generations": [f"<think>\nadd\n</think>\n\n{i + 1}",
                                                                           f"<think>\nadd\n</think>\n\n{i + 2}"]}
-            for i in range(8)]
+            for i in range(12)]
     prompts = f"{s3_bucket}/inputs/p.jsonl"
     storage.write_bytes(storage.Uri.parse(prompts), "".join(json.dumps(r) + "\n" for r in rows).encode())
-    published = {}
-    for slices in (2, 1):
-        task = run_compiled("klear-sample", tmp_path / "kfp", {
-            "prompts_uri": prompts, "name": "teacher", "preset": "tiny", "overrides": ["backend=records", "n=2"],
-            "gpus": "0", "run_root": f"{s3_bucket}/runs-{slices}", "slices": slices}, compiled)
-        uri = task.output.metadata["uri"]
-        assert task.output.metadata["rows"] == 16
-        report = json.loads(storage.read_bytes(storage.Uri.parse(uri).join("report.json")))
-        assert sorted(report["slices"]) == [f"{k}/{slices}" for k in range(slices)]
-        published[slices] = sorted((r["id"], r["sample"], r["response"]) for r in iter_rows(uri))
-    assert published[2] == published[1] and len(published[2]) == 16
+    task = run_compiled("klear-sample", tmp_path / "kfp", {
+        "prompts_uri": prompts, "name": "teacher", "preset": "tiny", "overrides": ["backend=records", "n=2"],
+        "gpus": "0", "run_root": f"{s3_bucket}/runs", "slices": 2}, compiled)
+    uri = task.output.metadata["uri"]
+    assert task.output.metadata["rows"] == 24
+    report = json.loads(storage.read_bytes(storage.Uri.parse(uri).join("report.json")))
+    assert sorted(report["slices"]) == ["0/2", "1/2"] and all(s["total"] for s in report["slices"].values())
+    unsliced = f"{s3_bucket}/unsliced/teacher"
+    run([prompts], unsliced, load_config(SampleConfig, "tiny", ["backend=records", "n=2"]))
+    assert _sample_files(uri) == _sample_files(unsliced)
+
+
+def _sample_files(uri: str) -> dict[str, bytes]:
+    from klear.common import storage
+
+    with storage.fetch_published(uri) as (local, manifest):
+        return {rel: (local / rel).read_bytes() for rel in manifest.files if rel.startswith("samples/")}

@@ -205,3 +205,83 @@ def test_slices_and_merge_on_s3(s3_bucket: str, tmp_path: Path) -> None:
     assert report["units"]["rows"] == len(ids) * N and report["complete"]
     _check_rows(list(iter_rows(out)), ids)
     assert storage.list_files(area.uri) == []
+
+
+def _sample_files(out: str) -> dict[str, bytes]:
+    with storage.fetch_published(out) as (local, manifest):
+        return {rel: (local / rel).read_bytes() for rel in manifest.files if rel.startswith("samples/")}
+
+
+def test_three_slices_then_merge_publish_the_bytes_of_the_unsliced_run(tmp_path: Path) -> None:
+    """Rows in prompt order, then sample index, whatever slices and concurrent requests completed them in: the
+    merge of three slices and the unsliced run publish the same files, byte for byte (sampling is seeded per
+    unit), and a row of every prompt of every slice interleaves in the input's order."""
+    ids = [f"p{i}" for i in range(PROMPTS)]
+    prompts = write_prompts(tmp_path / "p.jsonl", [{"id": i, "prompt": f"question {i}"} for i in ids])
+    config = fast_config(f"n={N}", "concurrency=4", "shard_size=2", "rows_per_part=50")
+    with FakeServer(latency_s=0.01, keep_bodies=False) as server:
+        for k in (2, 0, 1):  # the slice whose shards sort first is not the one of the first prompt
+            run([prompts], str(tmp_path / "sliced"), config, endpoint=server.url, served_model="fake-teacher",
+                slice_spec=f"{k}/3")
+        run([prompts], str(tmp_path / "sliced"), config, endpoint=server.url, served_model="fake-teacher", merge=True)
+        run([prompts], str(tmp_path / "whole"), config, endpoint=server.url, served_model="fake-teacher")
+    sliced, whole = _sample_files(str(tmp_path / "sliced")), _sample_files(str(tmp_path / "whole"))
+    assert len(sliced) == 3 and sliced == whole
+    rows = list(iter_rows(str(tmp_path / "sliced")))
+    assert [(r["id"], r["sample"]) for r in rows] == [(i, j) for i in ids for j in range(N)]
+    _check_rows(rows, ids)
+
+
+def test_a_writer_index_per_writer_replaces_the_shard_indexes(tmp_path: Path) -> None:
+    """Every `compact_every` shards (and when it stops) a writer rewrites one index of all it wrote and deletes
+    the per-shard ones: a restart reads one object per writer, plus the few shards a killed writer wrote since."""
+    from tests.sample.test_store import _done, _prompt
+
+    work = tmp_path / "work"
+    first = WorkArea(str(work), compact_every=3)
+    first.writer = "20260101T000000-aaaa"
+    for i in range(7):
+        first.write_shard([_done(_prompt(i), 0, "a"), _done(_prompt(i), 1, "b")])
+    assert sorted(p.name for p in (work / "index").iterdir()) == [f"{first.writer}-000006.json",
+                                                                   f"{first.writer}.parquet"]
+    first.compact()
+    assert [p.name for p in (work / "index").iterdir()] == [f"{first.writer}.parquet"]
+    killed = WorkArea(str(work), compact_every=3)  # killed before its first rewrite: two shard indexes
+    killed.writer = "20260101T000001-bbbb"
+    killed.write_shard([_done(_prompt(7), 0, "a")])
+    killed.write_shard([_done(_prompt(0), 0, "second copy"), _done(_prompt(8), 0, "a")])
+    scan = WorkArea(str(work)).scan()
+    assert scan.objects == 3 and len(scan.shards) == 9 and scan.repaired == 0
+    assert set(scan.done) == {(f"p{i}", j) for i in range(7) for j in (0, 1)} | {("p7", 0), ("p0", 0), ("p8", 0)}
+    assert scan.done[("p0", 0)][1].startswith(first.writer) and scan.duplicates == 1
+    # A writer index naming a shard deleted since is no error; what it lists of the others still counts.
+    (work / "shards" / f"{first.writer}-000000.parquet").unlink()
+    assert ("p0", 1) not in WorkArea(str(work)).scan().done
+
+
+def test_the_merge_orders_rows_the_same_when_buckets_spill_to_disk(tmp_path: Path) -> None:
+    """Shards in any order, from racing writers: the samples written with tiny buckets and a memory bound that
+    spills every bucket are those of the in-memory assembly, in position order, the first copy of each unit."""
+    import pyarrow.parquet as pq
+
+    from klear.sample.stage import choose, write_in_order
+    from klear.sample.units import Plan
+    from tests.sample.test_store import _done, _prompt
+
+    prompts = [_prompt(i) for i in range(30)]
+    a, b = WorkArea(str(tmp_path / "work")), WorkArea(str(tmp_path / "work"))
+    a.writer, b.writer = "20260101T000000-aaaa", "20260101T000001-bbbb"
+    order = [(i * 7) % 30 for i in range(30)]  # scattered over the shards
+    for start in range(0, 30, 4):
+        a.write_shard([_done(prompts[i], j, f"a{i}") for i in order[start:start + 4] for j in (1, 0)])
+    b.write_shard([_done(prompts[i], 0, f"b{i}") for i in (0, 29, 13)])  # second copies: never kept
+    plan = Plan.of(prompts, [2] * 30)
+    written = {}
+    for name, options in {"memory": {}, "spilled": {"bucket_rows": 3, "memory_bytes": 1}}.items():
+        result = write_in_order(a, choose(plan, a.scan()), tmp_path / name, 25, **options)
+        assert result.rows == 60 and result.dropped == 3 and result.completion_tokens == 240
+        written[name] = pq.read_table(tmp_path / name / "samples").to_pylist()
+        assert not [p for p in (tmp_path / name).iterdir() if p.name != "samples"]  # the spill folder is gone
+    assert written["memory"] == written["spilled"]
+    assert [(r["id"], r["sample"], r["answer"]) for r in written["memory"]] == \
+        [(f"p{i}", j, f"a{i}") for i in range(30) for j in (0, 1)]

@@ -15,7 +15,8 @@ max_failed_fraction) the stage publishes, manifest last:
 
     samples/part-*.parquet   one row per (prompt, sample): id, sample, prompt, response, reasoning, answer,
                              finish_reason, prompt_tokens, completion_tokens, model, source, record, seed,
-                             attempts, prompt_hash (rows in completion order: group by id)
+                             attempts, prompt_hash (rows in prompt order, then sample index: the same
+                             rows in the same order however many slices, pods or restarts sampled them)
     failed/part-*.parquet    units that failed every attempt: id, sample, error_kind, error, attempts
     report.json, report.md   settings, backend, versions, counts, failures by kind, tokens, speed
 
@@ -36,14 +37,17 @@ import logging
 import os
 import platform
 import signal
+import tempfile
 import threading
 import time
-from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections import Counter, deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -55,18 +59,20 @@ from klear.sample.backends.base import Backend, Completion, Request
 from klear.sample.config import SampleConfig
 from klear.sample.progress import Progress, ProgressLogger
 from klear.sample.report import render_markdown
-from klear.sample.store import FAILED_SCHEMA, SCHEMA, ResumeMismatchError, WorkArea, failed_row
+from klear.sample.store import FAILED_SCHEMA, SCHEMA, ResumeMismatchError, Scan, WorkArea, failed_row
 from klear.sample.units import (
+    Plan,
     Prompt,
     canonical_hash,
     check_unique,
+    first_copies,
     parse_slice,
-    pending_units,
+    pending_positions,
     prompt_from_row,
     shipped_responses,
     slice_of,
     unit_seed,
-    wanted_keys,
+    units_digest,
 )
 
 log = logging.getLogger("klear.sample")
@@ -276,7 +282,37 @@ def sample_units(backend: Backend, area: WorkArea, requests: Sequence[Request], 
     finally:
         if buffer:
             area.write_shard(buffer)
+        area.compact(final=True)  # one index object for everything this writer wrote
     return failed
+
+
+@dataclasses.dataclass
+class Chosen:
+    """The copy kept of each unit of a run that the shards hold, in position order (Plan): arrays, not objects."""
+
+    plan: Plan
+    shards: list[str]  # the work area's shards, in name order
+    positions: np.ndarray  # int64, ascending
+    shard: np.ndarray  # int32, the shard (number in `shards`) of each kept copy
+    row: np.ndarray  # int32, its row in that shard
+    dropped: int = 0  # rows of shards not kept (prompts gone or changed, n lowered, second copies)
+    duplicates: int = 0  # wanted units held by more than one shard (concurrent writers)
+
+
+def choose(plan: Plan, scan: Scan) -> Chosen:
+    """Match what the work area holds against the run's units: each wanted unit once, the first shard by name."""
+    keys = scan.keys
+    positions = plan.locate(keys.column("id"), keys.column("sample"), keys.column("prompt_hash"))
+    shard, row = np.asarray(keys.column("shard"), np.int32), np.asarray(keys.column("row"), np.int32)
+    kept = first_copies(positions, shard)
+    return Chosen(plan, scan.shards, positions[kept], shard[kept], row[kept], dropped=keys.num_rows - len(kept),
+                  duplicates=int(np.count_nonzero(positions >= 0)) - len(kept))
+
+
+def positions_of(plan: Plan, keys: Sequence[tuple[str, int, str]]) -> np.ndarray:
+    """The positions of a few (id, sample, prompt hash) keys (failed units); -1 where not of this run."""
+    ids, samples, hashes = (list(column) for column in zip(*keys)) if keys else ([], [], [])
+    return plan.locate(pa.array(ids, pa.string()), pa.array(samples, pa.int64()), pa.array(hashes, pa.string()))
 
 
 @dataclasses.dataclass
@@ -284,38 +320,126 @@ class Assembled:
     """What went into the output's samples/."""
 
     rows: int = 0
-    emitted: set[tuple[str, int]] = dataclasses.field(default_factory=set)
     finish_reasons: Counter[str] = dataclasses.field(default_factory=Counter)
     prompt_tokens: int = 0
     completion_tokens: int = 0
     dropped: int = 0  # rows of shards not wanted now (prompts gone or changed, n lowered, duplicates)
     models: Counter[str] = dataclasses.field(default_factory=Counter)  # the model each reply named
+    chosen: Chosen | None = None
+
+    @property
+    def emitted(self) -> set[tuple[str, int]]:
+        """The (id, sample) of every row written: a Python object per unit, for tests and small callers."""
+        return set(self.chosen.plan.keys(self.chosen.positions)) if self.chosen is not None else set()
+
+
+BUCKET_ROWS = 4096  # consecutive output positions written together
+ASSEMBLY_MEMORY = 256 * 2**20  # bytes of rows held waiting for their bucket before spilling to local disk
+_POSITION = "_position"
 
 
 def assemble(area: WorkArea, names: Sequence[str], wanted: dict[tuple[str, int], str], staging: Path,
              rows_per_part: int) -> Assembled:
-    """Write the output's samples/ from the shards: each wanted unit once (first shard by name), nothing else."""
+    """write_in_order for a `wanted` mapping of (id, sample) -> prompt hash (units.wanted_keys), from the shards
+    named (for small callers; the stage works on a Plan)."""
+    scan = area.scan()
+    allowed = pa.array([i for i, name in enumerate(scan.shards) if name in set(names)], pa.int32())
+    scan.keys = scan.keys.filter(pc.is_in(scan.keys.column("shard"), value_set=allowed))
+    return write_in_order(area, choose(Plan.of_wanted(wanted), scan), staging, rows_per_part)
+
+
+def write_in_order(area: WorkArea, chosen: Chosen, staging: Path, rows_per_part: int, bucket_rows: int = BUCKET_ROWS,
+                   memory_bytes: int = ASSEMBLY_MEMORY, threads: int = 8) -> Assembled:
+    """Write the output's samples/ from the shards in output order (prompt order, then sample index), each
+    chosen copy once: the same rows in the same order whatever number of slices, pods or restarts wrote them.
+    Streaming: each shard is read once, in the order of its first position, its rows go to buckets of
+    `bucket_rows` consecutive positions, and a bucket is written as soon as all its rows are in; buckets held
+    past `memory_bytes` spill to local Arrow files until their turn."""
     writer = ParquetShardWriter(staging / "samples", "part", SCHEMA, rows_per_part, row_group_rows=4096,
                                 dictionary_columns=("model", "finish_reason", "source"))
-    result = Assembled()
-    for _, table in area.iter_tables(names):
-        ids, samples, hashes = (table.column(c).to_pylist() for c in ("id", "sample", "prompt_hash"))
-        keep = []
-        for key, digest in zip(zip(ids, samples), hashes):
-            take = wanted.get(key) == digest and key not in result.emitted
-            keep.append(take)
-            if take:
-                result.emitted.add(key)
-        kept = table.filter(pa.array(keep, pa.bool_())).cast(SCHEMA)
-        result.dropped += table.num_rows - kept.num_rows
-        writer.write(kept)
-        result.finish_reasons.update(kept.column("finish_reason").to_pylist())
-        result.models.update(kept.column("model").to_pylist())
-        result.prompt_tokens += int(pc.sum(kept.column("prompt_tokens")).as_py() or 0)
-        result.completion_tokens += int(pc.sum(kept.column("completion_tokens")).as_py() or 0)
+    result = Assembled(dropped=chosen.dropped, chosen=chosen)
+    positions = chosen.positions
+    bucket_of = positions // bucket_rows
+    buckets = int(bucket_of[-1]) + 1 if len(positions) else 0
+    expected, seen = np.bincount(bucket_of, minlength=buckets), np.zeros(buckets, np.int64)
+    by_shard = np.argsort(chosen.shard, kind="stable")  # within one shard, still in position order
+    numbers, starts = np.unique(chosen.shard[by_shard], return_index=True)
+    ends = np.append(starts[1:], len(by_shard))
+    held: dict[int, list[pa.Table]] = {}
+    held_bytes: dict[int, int] = {}
+    spilled: dict[int, list[Path]] = {}
+    spill_schema = SCHEMA.append(pa.field(_POSITION, pa.int64()))
+
+    def load(k: int) -> pa.Table:
+        rows = by_shard[starts[k]:ends[k]]
+        table = area.read_shard(chosen.shards[int(numbers[k])]).take(pa.array(chosen.row[rows]))
+        return table.select(SCHEMA.names).cast(SCHEMA).append_column(_POSITION, pa.array(positions[rows]))
+
+    def emit(k: int) -> None:
+        tables = [pa.ipc.open_file(pa.memory_map(str(path))).read_all() for path in spilled.pop(k, [])]
+        tables += held.pop(k, [])
+        held_bytes.pop(k, None)
+        if not tables:
+            return
+        table = pa.concat_tables(tables)
+        order = np.argsort(np.asarray(table.column(_POSITION)), kind="stable")
+        table = table.take(pa.array(order)).drop_columns([_POSITION])
+        writer.write(table)
+        for counter, column in ((result.finish_reasons, "finish_reason"), (result.models, "model")):
+            counter.update({v["values"]: v["counts"] for v in pc.value_counts(table.column(column)).to_pylist()})
+        result.prompt_tokens += int(pc.sum(table.column("prompt_tokens")).as_py() or 0)
+        result.completion_tokens += int(pc.sum(table.column("completion_tokens")).as_py() or 0)
+
+    def spill(k: int, folder: str) -> None:
+        path = Path(folder, f"{k}-{len(spilled.get(k, []))}.arrow")
+        with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, spill_schema) as out:
+            for table in held.pop(k):
+                out.write_table(table)
+        spilled.setdefault(k, []).append(path)
+        held_bytes.pop(k)
+
+    next_bucket = 0
+    read_order = np.argsort(positions[by_shard[starts]], kind="stable").tolist()
+    with tempfile.TemporaryDirectory(prefix="assemble-", dir=staging) as folder, ThreadPoolExecutor(threads) as pool:
+        for table in _prefetched(pool, load, read_order, 2 * threads):
+            cut = np.asarray(table.column(_POSITION)) // bucket_rows
+            bounds = [0, *(np.flatnonzero(np.diff(cut)) + 1).tolist(), len(cut)]
+            for begin, stop in zip(bounds[:-1], bounds[1:]):
+                k, piece = int(cut[begin]), table.slice(begin, stop - begin)
+                held.setdefault(k, []).append(piece)
+                held_bytes[k] = held_bytes.get(k, 0) + piece.nbytes
+                seen[k] += stop - begin
+            while next_bucket < buckets and seen[next_bucket] == expected[next_bucket]:
+                emit(next_bucket)
+                next_bucket += 1
+            if sum(held_bytes.values()) > memory_bytes:
+                for k in sorted(held_bytes, key=held_bytes.__getitem__, reverse=True):
+                    spill(k, folder)
+                    if sum(held_bytes.values()) <= memory_bytes // 2:
+                        break
+        while next_bucket < buckets:
+            emit(next_bucket)
+            next_bucket += 1
     writer.close()
     result.rows = writer.rows
     return result
+
+
+def _prefetched(pool: ThreadPoolExecutor, load: Callable[[int], pa.Table], items: Iterable[int],
+                ahead: int) -> Iterator[pa.Table]:
+    """load(item) for each item, in order, with up to `ahead` reads in flight (each is a round trip on S3)."""
+    queue: deque[Future[pa.Table]] = deque()
+    pending = iter(items)
+    for item in pending:
+        queue.append(pool.submit(load, item))
+        if len(queue) >= ahead:
+            break
+    while queue:
+        table = queue.popleft().result()
+        for item in pending:
+            queue.append(pool.submit(load, item))
+            break
+        yield table
 
 
 def versions(backend: Backend) -> dict[str, str]:
@@ -395,66 +519,77 @@ def run(prompts: Sequence[str], output: str, config: SampleConfig, model: str | 
     if config.max_prompts:
         items = items[: config.max_prompts]
     counts = [min(config.n, len(p.shipped)) if kind == "records" else config.n for p in items]
-    wanted = wanted_keys(items, counts)
-    units_digest = canonical_hash([[*key, prompt_hash] for key, prompt_hash in wanted.items()])
+    plan = Plan.of(items, counts)
+    digest_of_units = units_digest(items, counts)
     if part is not None:
-        return run_slice(part, prompts, out, area, config, kind, items, counts, units_digest, model, endpoint,
+        return run_slice(part, prompts, out, area, config, kind, items, counts, digest_of_units, model, endpoint,
                          served_model, started)
     if merge:
-        return run_merge(checked, area, config, kind, items, wanted, units_digest, served_model, prompts, started)
+        return run_merge(checked, area, config, kind, items, plan, digest_of_units, served_model, prompts, started)
+    total = plan.total
     with contextlib.ExitStack() as stack:
         # One writer per output: a second run (a retried pod while the first still runs) fails here, at once.
         publication = stack.enter_context(checked.open())
         backend, settings, digest, published = start_engine(stack, kind, config, model, endpoint, served_model, out, area)
-        if published is not None and published["units_digest"] == units_digest and published["failed"] == 0:
+        if published is not None and published["units_digest"] == digest_of_units and published["failed"] == 0:
             # A retried task whose first try had published: the output is already this run's.
-            log.info("%s already holds all %d units of this run under these settings; nothing to do", out, len(wanted))
+            log.info("%s already holds all %d units of this run under these settings; nothing to do", out, total)
             return dict(orjson.loads(storage.read_bytes(out.join("report.json"))))
         open_work_area(out, area, settings, digest, published)
 
-        scan = area.scan()
-        pending = pending_units(items, counts, scan.hashes())
-        done_before = len(wanted) - len(pending)
-        log.info("%d prompts, %d units; %d done in %s (%d shards), %d to sample with %s", len(items), len(wanted),
-                 done_before, area, len(scan.shards), len(pending), kind)
-        requests = [Request(items[u.prompt], u.sample, unit_seed(config.seed, items[u.prompt].id, u.sample))
-                    for u in pending]
-        progress = Progress(total=len(wanted), done_before=done_before)
+        chosen = choose(plan, area.scan())
+        pending = pending_positions(plan, chosen.positions)
+        done_before = total - len(pending)
+        log.info("%d prompts, %d units; %d done in %s (%d shards), %d to sample with %s", len(items), total,
+                 done_before, area, len(chosen.shards), len(pending), kind)
+        requests = make_requests(items, plan, pending, config.seed)
+        del chosen, pending
+        progress = Progress(total=total, done_before=done_before)
         with ProgressLogger(progress, config.progress_seconds, log), sigterm_as_exit():
             failed = sample_units(backend, area, requests, config, progress) if requests else []
         progress.finish()
-        log.info("sampling done: %s", progress.line())
+        log.info("sampling done; progress: %s", progress.line())
 
         failed_rows = [failed_row(c) for c in failed]
-        too_many = len(failed) > config.max_failed_fraction * len(wanted)
+        too_many = len(failed) > config.max_failed_fraction * total
         staging = publication.staging
         failed_writer = ParquetShardWriter(staging / "failed", "part", FAILED_SCHEMA, 100_000)
         failed_writer.write(pa.Table.from_pylist(failed_rows, schema=FAILED_SCHEMA))
         failed_writer.close()
-        assembled = Assembled()
+        assembled, duplicates = Assembled(), 0
         if not too_many:
-            assembled = assemble(area, area.shard_names(), wanted, staging, config.rows_per_part)
-            missing = set(wanted) - assembled.emitted - {(r["id"], r["sample"]) for r in failed_rows}
-            if missing:  # every unit is either in a shard or failed in this run; anything else is a bug
+            chosen = choose(plan, area.scan())
+            duplicates = chosen.duplicates
+            assembled = write_in_order(area, chosen, staging, config.rows_per_part)
+            failed_at = positions_of(plan, [(c.request.prompt.id, c.request.sample, c.request.prompt.hash)
+                                            for c in failed])
+            missing = pending_positions(plan, np.concatenate([chosen.positions, failed_at]))
+            if len(missing):  # every unit is either in a shard or failed in this run; anything else is a bug
                 raise RuntimeError(f"internal error: {len(missing)} units neither sampled nor failed, e.g. "
-                                   f"{sorted(missing)[:3]}")
+                                   f"{plan.keys(missing[:3])}")
         report = build_report(
             prompts=prompts, output=str(out), work=str(area), backend=backend, config=config, settings=settings,
-            digest=digest, n_prompts=len(items), total=len(wanted), done_before=done_before, progress=progress,
+            digest=digest, n_prompts=len(items), total=total, done_before=done_before, progress=progress,
             failed=failed_rows, assembled=assembled, elapsed=time.monotonic() - started,
-            scan_duplicates=scan.duplicates, published=not too_many)
+            scan_duplicates=duplicates, published=not too_many)
         if too_many:  # the report goes beside the kept units in the work area; the output stays as it was
             publication.write_report(report)
             for name in ("report.json", "report.md", "failed/part-00000.parquet"):
                 storage.upload_file(staging / name, area.uri.join(name))
-            raise SampleFailedError(failure_message(failed_rows, len(wanted), config, progress.ok + done_before, area))
+            raise SampleFailedError(failure_message(failed_rows, total, config, progress.ok + done_before, area))
         publication.publish(report, {"settings_hash": digest, "settings": settings, "rows": assembled.rows,
-                                     "failed": len(failed), "units_digest": units_digest})
+                                     "failed": len(failed), "units_digest": digest_of_units})
     if not config.keep_work:
         area.delete_all()
     log.info("published %s: %d rows, %d failed units (%.1f s)", out, assembled.rows, len(failed),
              time.monotonic() - started)
     return report
+
+
+def make_requests(items: Sequence[Prompt], plan: Plan, pending: np.ndarray, seed: int) -> list[Request]:
+    """The requests of the pending positions of `plan` (over `items`), in output order."""
+    prompt, sample = plan.units(pending)
+    return [Request(items[i], j, unit_seed(seed, items[i].id, j)) for i, j in zip(prompt.tolist(), sample.tolist())]
 
 
 # --------------------------------------------------------------------------- slices and their merge
@@ -486,17 +621,18 @@ def run_slice(part: tuple[int, int], prompts: Sequence[str], out: storage.Uri, a
             log.info("%s already holds every unit of this run; slice %d/%d has nothing to do", out, index, count)
             return slice_report(part, out, area, backend, digest, total, total, Progress(total, total), [], started)
         open_work_area(out, area, settings, digest, published)
-        pending = pending_units(own, own_counts, area.scan().hashes())
+        plan = Plan.of(own, own_counts)
+        pending = pending_positions(plan, choose(plan, area.scan()).positions)
         done_before = total - len(pending)
         log.info("slice %d/%d: %d of %d prompts, %d units; %d done in %s, %d to sample with %s", index, count,
                  len(own), len(items), total, done_before, area, len(pending), kind)
-        requests = [Request(own[u.prompt], u.sample, unit_seed(config.seed, own[u.prompt].id, u.sample))
-                    for u in pending]
+        requests = make_requests(own, plan, pending, config.seed)
+        del pending
         progress = Progress(total=total, done_before=done_before)
         with ProgressLogger(progress, config.progress_seconds, log), sigterm_as_exit():
             failed = sample_units(backend, area, requests, config, progress) if requests else []
         progress.finish()
-        log.info("slice %d/%d sampled: %s", index, count, progress.line())
+        log.info("slice %d/%d sampled; progress: %s", index, count, progress.line())
         # Written on every finished run of the slice (empty when none failed): the merge reads the latest.
         failed_rows = [failed_row(c) | {"prompt_hash": c.request.prompt.hash} for c in failed]
         area.write_slice_failed(index, count, failed_rows)
@@ -558,14 +694,23 @@ def merge_settings_difference(kind: str, config: SampleConfig, served_model: str
     return "" if recorded == expected else settings_difference(recorded, expected)
 
 
-def missing_units(wanted: dict[tuple[str, int], str], done: dict[tuple[str, int], str],
-                  failed: set[tuple[str, int]]) -> list[tuple[str, int]]:
-    """Units of the run neither in a shard (with the prompt's current hash) nor recorded as failed, in order."""
-    return [key for key, digest in wanted.items() if done.get(key) != digest and key not in failed]
+def merge_failed(plan: Plan, done: np.ndarray, failed: pa.Table) -> tuple[np.ndarray, list[dict[str, Any]]]:
+    """The failed units the slices recorded that count now (of this run's prompts as they are, not in a shard
+    since), once each: their positions and rows (FAILED_SCHEMA)."""
+    where = plan.locate(failed.column("id"), failed.column("sample"), failed.column("prompt_hash"))
+    # `done` is ascending: a unit a later run of its slice completed is not failed.
+    found = np.searchsorted(done, where)
+    in_done = (found < len(done)) & (done[np.minimum(found, len(done) - 1)] == where) if len(done) else \
+        np.zeros(len(where), bool)
+    keep = np.flatnonzero((where >= 0) & ~in_done)
+    _, first = np.unique(where[keep], return_index=True)
+    keep = keep[np.sort(first)]
+    rows = failed.drop_columns(["prompt_hash"]).take(pa.array(keep, pa.int64())).to_pylist()
+    return where[keep], rows  # few: failures are bounded by max_failed_fraction
 
 
 def run_merge(checked: Any, area: WorkArea, config: SampleConfig, kind: str, items: Sequence[Prompt],
-              wanted: dict[tuple[str, int], str], units_digest: str, served_model: str | None,
+              plan: Plan, units_digest: str, served_model: str | None,
               prompts: Sequence[str], started: float) -> dict[str, Any]:
     """Publish what the slices sampled, once: refused while any unit is neither in a shard nor failed."""
     out: storage.Uri = checked.uri
@@ -581,42 +726,39 @@ def run_merge(checked: Any, area: WorkArea, config: SampleConfig, kind: str, ite
                                       f"{difference}; merge with the flags the slices ran with")
         published = published_state(out)
         check_settings(str(out), published, settings, digest, str(out), str(area))
+        total = plan.total
         if published is not None and published["units_digest"] == units_digest and published["failed"] == 0:
-            log.info("%s already holds all %d units of this run; nothing to merge", out, len(wanted))
+            log.info("%s already holds all %d units of this run; nothing to merge", out, total)
             return dict(orjson.loads(storage.read_bytes(out.join("report.json"))))
         scan = area.scan()
-        done = scan.hashes()
-        failed_table = area.read_slice_failed()
-        failed_rows: dict[tuple[str, int], dict[str, Any]] = {}
-        for row in failed_table.to_pylist():  # few: failures are bounded by max_failed_fraction
-            key = (row["id"], row["sample"])
-            if wanted.get(key) == row.pop("prompt_hash") and done.get(key) != wanted[key]:
-                failed_rows.setdefault(key, row)
-        missing = missing_units(wanted, done, set(failed_rows))
-        if missing:
-            shown = ", ".join(f"{i}#{j}" for i, j in missing[:5])
+        log.info("%s: %d shards, their keys from %d objects", area, len(scan.shards), scan.objects)
+        chosen = choose(plan, scan)
+        del scan
+        failed_at, failed = merge_failed(plan, chosen.positions, area.read_slice_failed())
+        missing = pending_positions(plan, np.concatenate([chosen.positions, failed_at]))
+        if len(missing):
+            shown = ", ".join(f"{i}#{j}" for i, j in plan.keys(missing[:5]))
             raise MergeIncompleteError(
-                f"{len(missing)} of {len(wanted)} units are neither in a shard of {area} nor recorded as failed by "
+                f"{len(missing)} of {total} units are neither in a shard of {area} nor recorded as failed by "
                 f"a slice ({shown}{' ...' if len(missing) > 5 else ''}): a slice has not finished; rerun it, then "
                 "merge. Nothing published")
-        failed = list(failed_rows.values())
-        if len(failed) > config.max_failed_fraction * len(wanted):
-            raise SampleFailedError(failure_message(failed, len(wanted), config, len(wanted) - len(failed), area))
+        if len(failed) > config.max_failed_fraction * total:
+            raise SampleFailedError(failure_message(failed, total, config, total - len(failed), area))
         staging = publication.staging
         failed_writer = ParquetShardWriter(staging / "failed", "part", FAILED_SCHEMA, 100_000)
         failed_writer.write(pa.Table.from_pylist(failed, schema=FAILED_SCHEMA))
         failed_writer.close()
-        assembled = assemble(area, scan.shards, wanted, staging, config.rows_per_part)
+        assembled = write_in_order(area, chosen, staging, config.rows_per_part)
         reports = [orjson.loads(storage.read_bytes(area.uri.join("slices", rel)))
                    for rel in area.slice_files("report.json")]
         ours = [r for r in reports if r.get("settings_hash") == digest]  # slices of this run's settings
         described: dict[str, Any] = ours[-1]["backend"] if ours else {}
-        progress = Progress(total=len(wanted), done_before=len(wanted) - len(failed))
+        progress = Progress(total=total, done_before=total - len(failed))
         report = build_report(
             prompts=prompts, output=str(out), work=str(area), backend=RecordedBackend(settings, described),
-            config=config, settings=settings, digest=digest, n_prompts=len(items), total=len(wanted),
-            done_before=len(wanted) - len(failed), progress=progress, failed=failed, assembled=assembled,
-            elapsed=time.monotonic() - started, scan_duplicates=scan.duplicates, published=True)
+            config=config, settings=settings, digest=digest, n_prompts=len(items), total=total,
+            done_before=total - len(failed), progress=progress, failed=failed, assembled=assembled,
+            elapsed=time.monotonic() - started, scan_duplicates=chosen.duplicates, published=True)
         report["slices"] = {r["slice"]: r["units"] for r in ours}
         publication.publish(report, {"settings_hash": digest, "settings": settings, "rows": assembled.rows,
                                      "failed": len(failed), "units_digest": units_digest})

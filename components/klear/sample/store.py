@@ -5,11 +5,16 @@
                                     locally a temp file renamed into place), so a shard is complete or absent
     <work>/index/<name>.json        the shard's unit keys, written after the shard: a restart reads these
                                     small files, not the responses (a shard without its index is read itself)
+    <work>/index/<writer>.parquet   the unit keys of every shard one writer wrote, rewritten every
+                                    `compact_every` shards and when it stops, after which the per-shard indexes
+                                    it covers are deleted: a restart reads about one object per writer, not one
+                                    per shard (~94K GETs at 24M units otherwise)
 
 Names are `<writer>-<seq>`, the writer being a start time and a random tag: two pods writing at once (a
 retry while the old pod still runs) never overwrite each other, and when both completed a unit the shard
 whose name sorts first is kept. Only complete units are ever written: failures stay out of shards, so
-nothing that failed can be taken for done.
+nothing that failed can be taken for done. What a scan returns is Arrow columns, not a Python object per
+unit: a work area may hold tens of millions.
 """
 
 from __future__ import annotations
@@ -24,8 +29,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import orjson
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from klear.common import storage
@@ -46,6 +53,13 @@ FAILED_SCHEMA = pa.schema([
 # A slice's failed units carry their prompt hash: the merge counts only those of the prompts sampled now.
 SLICE_FAILED_SCHEMA = FAILED_SCHEMA.append(pa.field("prompt_hash", pa.string()))
 _KEY_COLUMNS = ["id", "sample", "prompt_hash"]
+# A writer's index: the keys of its shards, by shard name and row.
+WRITER_INDEX_SCHEMA = pa.schema([("shard", pa.string()), ("row", pa.int32()), ("id", pa.string()),
+                                 ("sample", pa.int32()), ("prompt_hash", pa.string())])
+# What a scan returns: every unit key the shards hold, with its shard (number in name order) and row.
+KEYS_SCHEMA = pa.schema([("id", pa.string()), ("sample", pa.int32()), ("prompt_hash", pa.string()),
+                         ("shard", pa.int32()), ("row", pa.int32())])
+COMPACT_EVERY = 64  # shards between rewrites of a writer's index
 
 
 class ResumeMismatchError(ValueError):
@@ -85,22 +99,43 @@ def table_bytes(table: pa.Table) -> bytes:
 
 @dataclass
 class Scan:
-    """What the work area holds: unit (id, sample) -> (prompt hash, shard name), first shard by name wins."""
+    """What the work area holds: the unit keys of every shard (`keys`, KEYS_SCHEMA; shards numbered in name order,
+    the first by name wins a unit two writers completed)."""
 
-    done: dict[tuple[str, int], tuple[str, str]] = field(default_factory=dict)
     shards: list[str] = field(default_factory=list)
-    duplicates: int = 0  # units held by more than one shard (concurrent writers)
+    keys: pa.Table = field(default_factory=KEYS_SCHEMA.empty_table)
     repaired: int = 0  # shards whose index was missing (a kill between the two writes)
+    objects: int = 0  # index objects (and shards) read
+
+    @property
+    def done(self) -> dict[tuple[str, int], tuple[str, str]]:
+        """(id, sample) -> (prompt hash, shard name): Python objects per unit, for tests and small callers."""
+        found: dict[tuple[str, int], tuple[str, str]] = {}
+        order = np.lexsort((np.asarray(self.keys.column("row")), np.asarray(self.keys.column("shard"))))
+        columns = [self.keys.column(c).to_pylist() for c in ("id", "sample", "prompt_hash", "shard")]
+        for i in order.tolist():
+            found.setdefault((columns[0][i], columns[1][i]), (columns[2][i], self.shards[columns[3][i]]))
+        return found
+
+    @property
+    def duplicates(self) -> int:
+        """Units held by more than one shard (concurrent writers)."""
+        if self.keys.num_rows == 0:
+            return 0
+        return self.keys.num_rows - self.keys.group_by(["id", "sample"]).aggregate([]).num_rows
 
     def hashes(self) -> dict[tuple[str, int], str]:
         return {key: value[0] for key, value in self.done.items()}
 
 
 class WorkArea:
-    def __init__(self, uri: str | storage.Uri) -> None:
+    def __init__(self, uri: str | storage.Uri, compact_every: int = COMPACT_EVERY) -> None:
         self.uri = storage.Uri.parse(uri)
         self.writer = new_writer_name()
+        self.compact_every = compact_every
         self._seq = 0
+        self._written: list[pa.Table] = []  # this writer's index rows (Arrow, WRITER_INDEX_SCHEMA)
+        self._uncompacted: list[str] = []  # its shards whose keys its writer index does not hold yet
 
     def __str__(self) -> str:
         return str(self.uri)
@@ -146,7 +181,25 @@ class WorkArea:
             self._seq += 1
         table = pa.Table.from_pylist([completion_row(c) for c in completions], schema=SCHEMA)
         self.write_table(name, table)
+        self._written.append(_writer_index_rows(name, table))
+        self._uncompacted.append(name)
+        if len(self._uncompacted) >= self.compact_every:
+            self.compact()
         return name
+
+    def compact(self, final: bool = False) -> None:
+        """Rewrite this writer's index over every shard it wrote, then delete the per-shard indexes it now covers
+        (a kill in between leaves both: the writer index is read, the others ignored). `final`: when the writer
+        stops; a writer of fewer than `compact_every` shards keeps its per-shard indexes (few reads anyway)."""
+        if not self._uncompacted or (final and len(self._written) == len(self._uncompacted)):
+            return
+        merged = pa.concat_tables(self._written).combine_chunks()
+        self._written = [merged]
+        storage.write_bytes(self.uri.join("index", f"{self.writer}.parquet"), table_bytes(merged))
+        for name in self._uncompacted:
+            with contextlib.suppress(FileNotFoundError):
+                storage.delete(self.uri.join("index", f"{name}.json"))
+        self._uncompacted = []
 
     def write_table(self, name: str, table: pa.Table) -> None:
         storage.write_bytes(self.uri.join("shards", f"{name}.parquet"), table_bytes(table))
@@ -160,29 +213,45 @@ class WorkArea:
         return sorted(_stems(storage.list_files(self.uri.join("shards")), ".parquet"))
 
     def scan(self, threads: int = 16) -> Scan:
-        """Every unit the shards hold, from the indexes (the shard itself when its index is missing). The small
-        reads go in parallel: on object storage each is a round trip."""
-        scan = Scan(shards=self.shard_names())
-        indexed = set(_stems(storage.list_files(self.uri.join("index")), ".json"))
+        """Every unit the shards hold, from the writer indexes, then the per-shard indexes of shards no writer
+        index covers (the shard itself when its index is missing). The reads go in parallel: on object storage
+        each is a round trip. Shards are listed first: a shard listed has its keys in one of those places."""
+        shards = self.shard_names()
+        listed = storage.list_files(self.uri.join("index"))
+        indexed = set(_stems(listed, ".json"))
         with ThreadPoolExecutor(max_workers=threads) as pool:
-            keys = list(pool.map(lambda name: self._keys(name, name in indexed), scan.shards))
-        for name, (ids, samples, hashes, repaired) in zip(scan.shards, keys):
-            scan.repaired += repaired
-            for key, digest in zip(zip(ids, samples), hashes):
-                if key in scan.done:
-                    scan.duplicates += 1
-                else:
-                    scan.done[key] = (digest, name)
+            writers = list(pool.map(self._read_writer_index, _stems(listed, ".parquet")))
+            covered: set[str] = set()
+            for table in writers:
+                covered.update(table.column("shard").unique().to_pylist())
+            rest = [name for name in shards if name not in covered]
+            loose = list(pool.map(lambda name: self._shard_keys(name, name in indexed), rest))
+        scan = Scan(shards=shards, repaired=sum(repaired for _, repaired in loose), objects=len(writers) + len(rest))
+        numbers = pa.array(shards, pa.string())
+        pieces = []
+        for table in [*writers, *(keys for keys, _ in loose)]:
+            number = pc.index_in(table.column("shard"), value_set=numbers)  # null: a shard deleted since
+            table = table.set_column(0, "shard", number.cast(pa.int32())).filter(pc.is_valid(number))
+            pieces.append(table.select(KEYS_SCHEMA.names).cast(KEYS_SCHEMA))
+        scan.keys = pa.concat_tables(pieces).combine_chunks() if pieces else KEYS_SCHEMA.empty_table()
         return scan
 
-    def _keys(self, name: str, indexed: bool) -> tuple[list[str], list[int], list[str], bool]:
+    def _read_writer_index(self, stem: str) -> pa.Table:
+        data = storage.read_bytes(self.uri.join("index", f"{stem}.parquet"))
+        return pq.read_table(pa.BufferReader(data)).cast(WRITER_INDEX_SCHEMA)
+
+    def _shard_keys(self, name: str, indexed: bool) -> tuple[pa.Table, bool]:
+        """One shard's keys (WRITER_INDEX_SCHEMA) and whether its index had to be rebuilt."""
         if indexed:
-            keys = orjson.loads(storage.read_bytes(self.uri.join("index", f"{name}.json")))
-            return keys["id"], keys["sample"], keys["prompt_hash"], False
+            try:
+                keys = orjson.loads(storage.read_bytes(self.uri.join("index", f"{name}.json")))
+                table = pa.table({c: keys[c] for c in _KEY_COLUMNS})
+                return _writer_index_rows(name, table), False
+            except FileNotFoundError:  # covered by its writer's index since it was listed: read the shard
+                return _writer_index_rows(name, self.read_shard(name, _KEY_COLUMNS)), False
         table = self.read_shard(name, _KEY_COLUMNS)
         storage.write_bytes(self.uri.join("index", f"{name}.json"), _index_bytes(table))
-        ids, samples, hashes = (table.column(c).to_pylist() for c in _KEY_COLUMNS)
-        return ids, samples, hashes, True
+        return _writer_index_rows(name, table), True
 
     def iter_tables(self, names: Sequence[str]) -> Iterator[tuple[str, pa.Table]]:
         for name in names:
@@ -217,13 +286,20 @@ class WorkArea:
 
 # What a work area holds: its settings, shards and their indexes, the report and failed units of a run that
 # failed, each slice's lease, failed units and report, and the hidden temp files of an interrupted local write.
-_WORK_FILE = re.compile(r"(settings\.json|report\.json|report\.md|shards/[^/]+\.parquet|index/[^/]+\.json"
+_WORK_FILE = re.compile(r"(settings\.json|report\.json|report\.md|shards/[^/]+\.parquet|index/[^/]+\.(json|parquet)"
                         r"|failed/[^/]+\.parquet|slices/[0-9]+-of-[0-9]+/(_LEASE\.json|failed\.parquet|report\.json)"
                         r"|(.+/)?\.[^/]+)")
 
 
 def is_work_file(rel: str) -> bool:
     return _WORK_FILE.fullmatch(rel) is not None
+
+
+def _writer_index_rows(name: str, table: pa.Table) -> pa.Table:
+    rows = table.num_rows
+    return pa.table([pa.array([name] * rows, pa.string()), pa.array(np.arange(rows, dtype=np.int32)),
+                     *(table.column(c).cast(WRITER_INDEX_SCHEMA.field(c).type) for c in _KEY_COLUMNS)],
+                    schema=WRITER_INDEX_SCHEMA)
 
 
 def _index_bytes(table: pa.Table) -> bytes:

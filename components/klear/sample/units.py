@@ -14,7 +14,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from klear.common.records import Located, RecordError, Source
 from klear.common.slices import parse_slice as parse_slice  # shared with judging: one slice rule everywhere
@@ -169,3 +172,99 @@ def wanted_keys(prompts: Iterable[Prompt], counts: Iterable[int]) -> dict[tuple[
     """Every unit of this run -> the prompt hash it must carry: what the published output may hold."""
     return {(p.id, j): p.hash for p, count in zip(prompts, counts, strict=True) for j in range(count)}
 
+
+
+def units_digest(prompts: Iterable[Prompt], counts: Iterable[int]) -> str:
+    """canonical_hash of [[id, sample, prompt_hash], ...] over every unit of a run, fed piece by piece: the same
+    value without a Python list per unit."""
+    digest = hashlib.sha256(b"[")
+    first = True
+    for prompt, count in zip(prompts, counts, strict=True):
+        head, tail = b"[" + orjson.dumps(prompt.id) + b",", b"," + orjson.dumps(prompt.hash) + b"]"
+        for j in range(count):
+            digest.update((b"" if first else b",") + head + str(j).encode() + tail)
+            first = False
+    digest.update(b"]")
+    return digest.hexdigest()[:16]
+
+
+@dataclass(frozen=True, eq=False)
+class Plan:
+    """Every unit of a run, in output order, as arrays (a run may hold tens of millions of units): the samples
+    0 .. counts[i]-1 of prompt i are at positions offsets[i] .. offsets[i+1]-1, prompts in input order."""
+
+    ids: pa.Array  # prompt ids, in prompt order
+    hashes: pa.Array  # their prompt hashes
+    offsets: np.ndarray  # int64, one more than there are prompts
+
+    @classmethod
+    def of(cls, prompts: Sequence[Prompt], counts: Sequence[int]) -> Plan:
+        offsets = np.zeros(len(prompts) + 1, np.int64)
+        np.cumsum(np.asarray(counts, np.int64), out=offsets[1:])
+        return cls(pa.array([p.id for p in prompts], pa.string()), pa.array([p.hash for p in prompts], pa.string()),
+                   offsets)
+
+    @classmethod
+    def of_wanted(cls, wanted: Mapping[tuple[str, int], str]) -> Plan:
+        """The plan of a wanted_keys mapping (samples 0 .. count-1 of each prompt, prompts in order)."""
+        ids: list[str] = []
+        hashes: list[str] = []
+        counts: list[int] = []
+        for (prompt_id, _), digest in wanted.items():
+            if not ids or ids[-1] != prompt_id:
+                ids.append(prompt_id)
+                hashes.append(digest)
+                counts.append(0)
+            counts[-1] += 1
+        offsets = np.zeros(len(ids) + 1, np.int64)
+        np.cumsum(np.asarray(counts, np.int64), out=offsets[1:])
+        return cls(pa.array(ids, pa.string()), pa.array(hashes, pa.string()), offsets)
+
+    @property
+    def total(self) -> int:
+        return int(self.offsets[-1])
+
+    def units(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(prompt index, sample index) of each position."""
+        prompt = np.searchsorted(self.offsets, positions, side="right") - 1
+        return prompt, positions - self.offsets[prompt]
+
+    def keys(self, positions: np.ndarray) -> list[tuple[str, int]]:
+        """(id, sample) of each position (for messages and small callers: a Python object per unit)."""
+        prompt, sample = self.units(np.asarray(positions, np.int64))
+        ids = self.ids.take(pa.array(prompt, pa.int64())).to_pylist()
+        return list(zip(ids, sample.tolist()))
+
+    def locate(self, ids: pa.Array | pa.ChunkedArray, samples: pa.Array | pa.ChunkedArray,
+               hashes: pa.Array | pa.ChunkedArray) -> np.ndarray:
+        """The position of each unit key (id, sample, prompt hash); -1 for a unit this run does not want (its
+        prompt gone or changed since, its sample index beyond the prompt's count)."""
+        if len(ids) == 0:
+            return np.zeros(0, np.int64)
+        found = np.asarray(pc.fill_null(pc.index_in(ids, value_set=self.ids), -1), np.int64)
+        safe = np.where(found >= 0, found, 0)
+        sample = np.asarray(samples, np.int64)
+        same = np.asarray(pc.fill_null(pc.equal(hashes, self.hashes.take(pa.array(safe))), False), bool)
+        counts = np.diff(self.offsets)
+        if len(counts) == 0:
+            return np.full(len(found), -1, np.int64)
+        ok = (found >= 0) & same & (sample >= 0) & (sample < counts[safe])
+        return np.where(ok, self.offsets[safe] + sample, -1)
+
+
+def first_copies(positions: np.ndarray, shards: np.ndarray) -> np.ndarray:
+    """Indexes of the copy kept of each wanted unit, in position order: of several copies (writers racing), the
+    one in the shard that sorts first; positions of -1 (not wanted) are skipped."""
+    valid = np.flatnonzero(positions >= 0)
+    order = valid[np.lexsort((shards[valid], positions[valid]))]
+    ranked = positions[order]
+    keep = np.ones(len(order), bool)
+    keep[1:] = ranked[1:] != ranked[:-1]
+    return order[keep]
+
+
+def pending_positions(plan: Plan, done: np.ndarray) -> np.ndarray:
+    """Positions of the units not among `done` (positions, -1 ignored), in output order."""
+    mask = np.ones(plan.total, bool)
+    mask[done[done >= 0]] = False
+    return np.flatnonzero(mask)
