@@ -27,6 +27,7 @@ from klear.common.component import digest_inputs, slice_list
 from klear.common.images import GPU_IMAGE
 from klear.common.kfp_io import API_ENV, IMAGE_ENV, POD_NAME_ENV, POD_UID_ENV, RUN_ID_ENV, RUNTIME_ENV
 from klear.common.lineage import TASK_ENV as TASK_POD_ENV
+from klear.common.tracking import TRACKING_SECRET, TRACKING_SECRET_KEYS
 from klear.curate.component import curate
 from klear.evaluate.component import evaluate, evaluation_prompts
 from klear.gppo.component import gppo
@@ -99,6 +100,9 @@ def _launches_training(task: dsl.PipelineTask, nodes, gpus, cpu, memory, schedul
         task.set_env_variable(key, value)
     kubernetes.use_field_path_as_env(task, POD_NAME_ENV, "metadata.name")
     kubernetes.use_field_path_as_env(task, POD_UID_ENV, "metadata.uid")
+    # MLflow / W&B credentials (report_to): the chart's optional Secret, read by the trackers, never by a config.
+    kubernetes.use_secret_as_env(task, secret_name=TRACKING_SECRET, secret_key_to_env={k: k for k in TRACKING_SECRET_KEYS},
+                                 optional=True)
     return _on_gpu_node(task, size.outputs["gpus"], size.outputs["cpu"], size.outputs["memory"], scheduling)
 
 

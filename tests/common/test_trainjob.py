@@ -24,7 +24,7 @@ def test_pytorchjob_renders_and_validates() -> None:
     assert "accelerate.commands.launch" in line and "launch_configs/zero3.yaml" in line
     assert "--num_machines 4 --num_processes 32 --machine_rank $RANK" in line
     assert "--main_process_ip $MASTER_ADDR --main_process_port $MASTER_PORT" in line
-    assert {e["valueFrom"]["secretKeyRef"]["name"] for e in container["env"]} == {"klear-s3"}
+    assert {e["valueFrom"]["secretKeyRef"]["name"] for e in container["env"]} == {"klear-s3", "klear-tracking"}
     assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
     single = render_pytorchjob(JobSpec(**{**SPEC.__dict__, "nodes": 1}))
     assert "Worker" not in single["spec"]["pytorchReplicaSpecs"] and validate_manifest(single) == []
@@ -146,3 +146,6 @@ def test_region_is_optional_in_the_secret() -> None:
     env = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in
            render_pytorchjob(SPEC)["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["env"]}
     assert env["AWS_REGION"].get("optional") is True and "optional" not in env["AWS_ACCESS_KEY_ID"]
+    # Tracking credentials (MLflow, W&B) from their own Secret, which may be absent: every key optional.
+    assert env["MLFLOW_TRACKING_PASSWORD"] == {"name": "klear-tracking", "key": "MLFLOW_TRACKING_PASSWORD", "optional": True}
+    assert env["WANDB_API_KEY"]["optional"] is True

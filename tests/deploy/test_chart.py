@@ -37,6 +37,8 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
                                     "launcherConfig": {"create": False}, "rbac": {"create": False}}),
     "api-server": merge(CREDENTIALS, {"networkPolicy": {"apiServer": {"cidrs": ["172.18.0.2/32"]}}}),
     "https-store": merge(CREDENTIALS, {"s3": {"endpoint": "https://s3.eu-west-1.amazonaws.com", "region": "eu-west-1"}}),
+    "tracking": merge(CREDENTIALS, {"tracking": {"mlflowTrackingUri": "https://mlflow.example.com",
+                                                 "mlflowTrackingPassword": "pw", "wandbApiKey": "key"}}),
 }
 
 
@@ -369,3 +371,13 @@ def test_upload_script_calls_kfp_as_it_is() -> None:
     assert "path" in inspect.signature(ServiceAccountTokenVolumeCredentials).parameters
     source = (CHART / "files" / "upload_pipelines.py").read_text()
     assert "ServiceAccountTokenVolumeCredentials(TOKEN)" in source and "kfp.Client(host=args.host" in source
+
+
+def test_tracking_secret_holds_only_the_keys_given(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    from klear.common.tracking import TRACKING_SECRET, TRACKING_SECRET_KEYS
+
+    assert [o for o in rendered["defaults"] if o["kind"] == "Secret" and o["metadata"]["name"] == TRACKING_SECRET] == []
+    (secret,) = [o for o in rendered["tracking"] if o["kind"] == "Secret" and o["metadata"]["name"] == TRACKING_SECRET]
+    assert secret["stringData"] == {"MLFLOW_TRACKING_URI": "https://mlflow.example.com", "MLFLOW_TRACKING_PASSWORD": "pw",
+                                    "WANDB_API_KEY": "key"}
+    assert set(secret["stringData"]) <= set(TRACKING_SECRET_KEYS)  # what the training pods read from it

@@ -182,6 +182,9 @@ def test_pods_know_their_run_and_training_pods_their_image_and_scheduling(compil
         container = document["deploymentSpec"]["executors"][executor]["container"]
         env = {e["name"]: e["value"] for e in container["env"]}
         assert env["KLEAR_TRAIN_IMAGE"] == container["image"] and "klear-gpu" in container["image"]
+        # MLflow / W&B credentials from the chart's tracking Secret, which may be absent.
+        (tracking,) = [e for e in platform[executor]["secretAsEnv"] if "MLFLOW_TRACKING_PASSWORD" in json.dumps(e)]
+        assert tracking["optional"] and "klear-tracking" in json.dumps(tracking) and "WANDB_API_KEY" in json.dumps(tracking)
     assert "nodeSelector" not in platform["exec-curate"] and "tolerations" not in platform["exec-curate"]
 
 

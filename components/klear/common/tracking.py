@@ -38,6 +38,9 @@ HISTORY_FILE = "history.jsonl"  # the scheme-named rows the curves are drawn fro
 SECRET_KEYS = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN", "WANDB_API_KEY")
 # Addresses a Secret may also set (a server's URI is not secret, but may be kept beside its credentials).
 SECRET_ADDRESS_KEYS = ("MLFLOW_TRACKING_URI", "WANDB_BASE_URL")
+# The chart's Secret of them (charts/klear-reasoner: tracking.secretName); every key optional, the Secret too.
+TRACKING_SECRET = "klear-tracking"
+TRACKING_SECRET_KEYS = SECRET_KEYS + SECRET_ADDRESS_KEYS
 
 # Logged key -> scheme name. Keys not listed become train/<key>; keys already in the scheme stay.
 SCHEME = {

@@ -32,6 +32,7 @@ from importlib import resources
 from typing import TYPE_CHECKING, Any
 
 from klear.common.kfp_io import API_ENV, IMAGE_ENV, POD_NAME_ENV, POD_UID_ENV, RUN_ID_ENV, RUNTIME_ENV
+from klear.common.tracking import TRACKING_SECRET, TRACKING_SECRET_KEYS
 from klear.training.launch import accelerate_command, shell_line
 
 if TYPE_CHECKING:
@@ -64,6 +65,7 @@ class JobSpec:
     overrides: list[str] = field(default_factory=list)
     namespace: str = "kubeflow"
     s3_secret: str = "klear-s3"
+    tracking_secret: str = TRACKING_SECRET  # optional: MLflow / W&B credentials, when the chart has them
     shm_size: str = "64Gi"
     cpu: str = "64"  # per node; the pipelines' defaults for an 8-GPU node
     memory: str = "512Gi"
@@ -112,13 +114,14 @@ def _command(spec: JobSpec, variables: tuple[str, str, str]) -> list[str]:
 
 
 def _env(spec: JobSpec) -> list[dict[str, Any]]:
-    def from_secret(key: str, optional: bool) -> dict[str, Any]:
-        ref: dict[str, Any] = {"name": spec.s3_secret, "key": key}
+    def from_secret(key: str, optional: bool, secret: str = spec.s3_secret) -> dict[str, Any]:
+        ref: dict[str, Any] = {"name": secret, "key": key}
         if optional:
             ref["optional"] = True
         return {"name": key, "valueFrom": {"secretKeyRef": ref}}
 
-    return [from_secret(k, False) for k in S3_KEYS] + [from_secret(k, True) for k in OPTIONAL_S3_KEYS]
+    return ([from_secret(k, False) for k in S3_KEYS] + [from_secret(k, True) for k in OPTIONAL_S3_KEYS]
+            + [from_secret(k, True, spec.tracking_secret) for k in TRACKING_SECRET_KEYS])
 
 
 def _resources(spec: JobSpec) -> dict[str, Any]:
