@@ -12,6 +12,8 @@ import yaml
 
 from klear.cli import main as klear
 from klear.common import lineage, model_card, storage
+from klear.common.config import load_config
+from klear.sft.config import SftConfig
 
 
 def _jsonl(path: Path, rows: list[dict[str, Any]]) -> str:
@@ -74,8 +76,10 @@ def test_a_model_card_parses_names_base_model_and_data_and_stays_outside_the_dig
     staging = tmp_path / "staging"
     staging.mkdir()
     (staging / "model.safetensors").write_bytes(b"weights")
+    overrides = ["learning_rate=8e-5", "min_learning_rate=8e-6", "num_epochs=4"]
+    config = load_config(SftConfig, "tiny", overrides).model_dump(mode="json")  # the preset goes into the manifest
     storage.publish_dir(staging, model, meta={"stage": "sft", "inputs": {"model": [str(base)], "data": [data]},
-                                              "lineage": {"config": {"learning_rate": 8e-5, "num_epochs": 4}}})
+                                              "lineage": {"config": config}})
     model_card.write(model)
     digest = storage.content_digest(model)
     model_card.write(model, ("s3://b/run/evaluate", "sft", {"aime24": 12.5}))
@@ -87,6 +91,8 @@ def test_a_model_card_parses_names_base_model_and_data_and_stays_outside_the_dig
     assert header["base_model"] == str(base)
     assert header["klear"]["data"] == [{"uri": data, "digest": storage.sha256_file(data)}]
     assert header["klear"]["hyperparameters"]["learning_rate"] == 8e-5
+    assert header["klear"]["preset"] == {"preset": "tiny", "bases": [], "overrides": overrides}
+    assert "preset `tiny + learning_rate=8e-5 min_learning_rate=8e-6 num_epochs=4`" in text
     assert header["model-index"][0]["results"][0]["metrics"][0]["value"] == 12.5
     assert "## Lineage" in text and "flowchart TD" in text
     hub = pytest.importorskip("huggingface_hub")
@@ -144,3 +150,22 @@ def test_a_changed_source_changes_every_digest_along_a_chain_of_real_stages(
     assert klear(["lineage", outs["judge"], "--format", "json"]) == 0
     printed = json.loads(capsys.readouterr().out)
     assert [step["digest"] for step in printed[:3]] == [after["judge"], after["sample"], after["curate"]]
+
+
+def test_load_config_keeps_the_presets_a_config_was_built_from(tmp_path: Path) -> None:
+    from klear.common.config import describe_preset, preset_of
+    from klear.judge.stage import stage_judge_config
+    from klear.sample.config import SampleConfig
+
+    own = tmp_path / "mine.yaml"
+    own.write_text("base: tiny\nn: 3\n")
+    config = load_config(SampleConfig, str(own), ["seed=5"])
+    assert preset_of(config) == {"preset": str(own), "bases": ["tiny", "paper"], "overrides": ["seed=5"]}
+    assert preset_of(config.model_dump(mode="json")) == preset_of(config)  # found by content, as manifests hold it
+    assert describe_preset(preset_of(config)) == f"{own} (on tiny on paper) + seed=5"
+    assert preset_of(load_config(SampleConfig, str(own), ["seed=6"]))["overrides"] == ["seed=6"]  # type: ignore[index]
+    # A stage judging with another stage's judge settings: that stage's preset, and which section.
+    judge = stage_judge_config("rl-filter", "tiny", [], "math")
+    assert describe_preset(preset_of(judge)) == "tiny + judge.task=math, section RlFilterConfig.judge"
+    assert describe_preset(preset_of(load_config(SampleConfig))) == "defaults"
+    assert preset_of({"not": "a loaded config"}) is None

@@ -364,17 +364,24 @@ def _config_key(values: Any) -> str:
 
 
 def _remember_preset(config: StageConfig, preset: dict[str, Any]) -> None:
-    key = _config_key(config.model_dump(mode="json"))
-    _PRESETS.pop(key, None)
-    _PRESETS[key] = preset  # the latest load of equal content wins
+    values = config.model_dump(mode="json")
+    entries = [(_config_key(values), preset)]
+    # Its sections too: a stage may run with another stage's section (judge with rl-filter's `judge`).
+    entries += [(_config_key(values[name]), {**preset, "section": f"{type(config).__name__}.{name}"})
+                for name, value in config if isinstance(value, pydantic.BaseModel)]
+    for key, entry in entries:
+        if "section" in entry and key in _PRESETS and "section" not in _PRESETS[key]:
+            continue  # a whole config loaded with equal content says more than a section of another
+        _PRESETS.pop(key, None)
+        _PRESETS[key] = entry  # the latest load of equal content wins
     while len(_PRESETS) > _PRESETS_KEPT:
         del _PRESETS[next(iter(_PRESETS))]
 
 
 def preset_of(config: StageConfig | Mapping[str, Any]) -> dict[str, Any] | None:
     """The presets a config loaded in this process was built from: {"preset": the preset name, file or URI given
-    (None: the defaults), "bases": its `base` chain below it, "overrides": the `key=value` overrides}; None for a
-    config load_config did not build here."""
+    (None: the defaults), "bases": its `base` chain below it, "overrides": the `key=value` overrides, and for a
+    section of a loaded config "section": "RlFilterConfig.judge"}; None for a config load_config did not build."""
     values = config.model_dump(mode="json") if isinstance(config, StageConfig) else config
     found = _PRESETS.get(_config_key(values))
     return None if found is None else {**found, "bases": list(found["bases"]), "overrides": list(found["overrides"])}
@@ -389,4 +396,6 @@ def describe_preset(preset: Mapping[str, Any] | None) -> str:
         text += " (on " + " on ".join(str(b) for b in preset["bases"]) + ")"
     if preset.get("overrides"):
         text += " + " + " ".join(str(o) for o in preset["overrides"])
+    if preset.get("section"):
+        text += f", section {preset['section']}"
     return text
