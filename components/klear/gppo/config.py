@@ -73,7 +73,7 @@ class GppoConfig(StageConfig, TrackingSettings):
     dual_clip: float | None = pydantic.Field(None, gt=1, description="official code: 10 (caps negative-advantage losses)")
     agg: Aggregation = pydantic.Field("token-mean", description="token-mean: over all tokens of the mini-batch (paper)")
     sft_alpha: float = pydantic.Field(0.1, ge=0, description="α of the NLL term on correct rollouts (Eq. 13-14)")
-    filter_zero_advantage: bool = pydantic.Field(True, description="drop groups whose rewards are all equal (§5.2.5)")
+    filter_zero_advantage: bool = pydantic.Field(True, description="drop groups whose reward.filter_on keys are all equal (§5.2.5)")
 
     # --- rollouts and batches (paper: 128 prompts x 8 rollouts per step, mini-batches of 16 / 32 prompts) ---
     num_generations: int = pydantic.Field(8, ge=2, description="rollouts per prompt")

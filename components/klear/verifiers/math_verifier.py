@@ -150,6 +150,9 @@ def judge(gold: str, answer: str, boxed: bool, timeout: int) -> bool:
     return bool(verify(gold_parsed, pred, timeout_seconds=timeout))
 
 
+_official_gold_cache: dict[str, list] = {}
+
+
 def judge_official(gold: str, response: str, timeout: int) -> tuple[bool, str | None]:
     """The released judge_math.py's verdict on a whole response: math-verify parses all of it (the thought too;
     its extraction takes the last \\boxed{} anywhere, else the last number), a string match with the gold first,
@@ -162,7 +165,13 @@ def judge_official(gold: str, response: str, timeout: int) -> tuple[bool, str | 
     extracted, gold = str(pred[1]), gold.strip()
     if extracted == gold:
         return True, extracted
-    return bool(verify(parse(f"\\boxed{{{gold}}}", parsing_timeout=timeout), pred, timeout_seconds=timeout)), extracted
+    gold_parsed = _official_gold_cache.get(gold)
+    if gold_parsed is None:  # parsed once per worker, as _parse_gold
+        gold_parsed = parse(f"\\boxed{{{gold}}}", parsing_timeout=timeout)
+        if len(_official_gold_cache) > 100_000:
+            _official_gold_cache.clear()
+        _official_gold_cache[gold] = gold_parsed
+    return bool(verify(gold_parsed, pred, timeout_seconds=timeout)), extracted
 
 
 # --- the pool ------------------------------------------------------------------------------------------
