@@ -3,13 +3,16 @@ and the per-benchmark rules (judging mode, prompt, sampling, execution) the repo
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from klear.common.config import ConfigError, load_config
 from klear.evaluate.config import MATH_TEMPLATES, EvaluateConfig
 from klear.evaluate.paper import TABLE1
 from klear.evaluate.report import _protocol_table
-from klear.evaluate.stage import benchmark_rules
+from klear.evaluate.stage import benchmark_rules, run
+from tests.evaluate.helpers import boxed, publish_samples, respond, row, write_jsonl
 
 
 def test_math_prompt_is_a_named_preset_value() -> None:
@@ -57,3 +60,23 @@ def test_report_states_the_rules_per_benchmark_beside_table1() -> None:
     cells = dict(zip(headers, row))
     assert (cells["judging"], cells["prompt"], cells["Table 1: paper RL 32K"]) == ("official", "raw", "83.2")
     assert cells["execution"] == "-"
+
+
+def test_evaluate_report_shows_math_modes_side_by_side(tmp_path: Path) -> None:
+    """report_modes: the same chosen samples judged strict and official, pass@1 per benchmark beside Table 1."""
+    gold = {"t1": "12", "t2": "7"}
+    bench = write_jsonl([{"id": pid, "benchmark": "toy", "problem": f"Compute {pid}.", "answer": a}
+                         for pid, a in gold.items()], tmp_path / "toy.jsonl")
+    rows = [row("t1", 0, boxed("12")), row("t1", 1, "<think>\nso \\boxed{12}, check", "length"),
+            row("t2", 0, respond("The answer is 7.")), row("t2", 1, boxed("8"))]
+    samples = publish_samples(rows, str(tmp_path / "samples"))
+    config = load_config(EvaluateConfig, "tiny", ["benchmarks.toy.kind=math", "benchmarks.toy.k=2", "only=[toy]",
+                                                  "benchmarks.toy.title=Toy", "judge.report_modes=[strict,official]",
+                                                  "settings_check=warn"])
+    report = run([samples], str(tmp_path / "out"), config, [bench])
+    assert report["benchmarks"]["toy"]["pass@1"] == pytest.approx(25.0)  # strict: 1 of 4
+    assert report["math_modes"]["mode"] == "strict"
+    assert report["math_modes"]["other"]["model"]["official"]["toy"]["pass@1"] == pytest.approx(75.0)
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "## Math judging modes" in md and "| model | Toy | 25.0 ± 25.0 | 75.0 ± 25.0 |" in md
+    assert "<h2>Math judging modes</h2>" in (tmp_path / "out" / "report.html").read_text()

@@ -13,7 +13,7 @@ from urllib.parse import quote
 
 from klear.common.markdown import escape
 
-__all__ = ["flatten", "render_html", "render_markdown", "summary_table"]
+__all__ = ["flatten", "math_modes_table", "render_html", "render_markdown", "summary_table"]
 
 Table = tuple[list[str], list[list[str]]]
 
@@ -51,6 +51,27 @@ def summary_table(report: Mapping[str, Any]) -> Table:
         problems = next((b["problems"] for b in blocks if b), protocol.get("problems", 0))
         rows.append([protocol["title"], str(protocol["k"]), str(problems), *[_score(b) for b in blocks],
                      *[_num(values.get(name)) for values in paper.values()]])
+    return headers, rows
+
+
+def math_modes_table(report: Mapping[str, Any]) -> Table | None:
+    """Math pass@1 ± stderr under each judging mode of judge.report_modes, the run's own first, beside Table 1;
+    None when only one mode was judged."""
+    modes = report.get("math_modes") or {}
+    other = modes.get("other") or {}
+    names = sorted({mode for by_mode in other.values() for mode in by_mode})
+    if not names:
+        return None
+    paper = report.get("paper", {})
+    headers = ["model", "benchmark", f"{modes['mode']} (scores above)", *names, *paper]
+    rows = []
+    for label in report["labels"]:
+        for name, block in report["models"][label]["benchmarks"].items():
+            if block["kind"] != "math":
+                continue
+            rows.append([label, block["title"], _score(block), *[_score(other.get(label, {}).get(m, {}).get(name))
+                                                                   for m in names],
+                         *[_num(values.get(name)) for values in paper.values()]])
     return headers, rows
 
 
@@ -136,6 +157,9 @@ def _lineage_table(report: Mapping[str, Any]) -> Table:
 def render_markdown(report: Mapping[str, Any], with_figures: bool = True) -> str:
     # Every value from data goes through the one escaping rule (klear.common.markdown): tables cell by cell.
     lines = ["# Evaluation", "", escape(_lead(report)), "", "## Scores", "", *_md_table(summary_table(report)), ""]
+    modes = math_modes_table(report)
+    if modes is not None:
+        lines += ["## Math judging modes", "", *_md_table(modes), ""]
     for label in report["labels"]:
         model = report["models"][label]
         lines += [f"## {escape(label)}", ""]
@@ -204,6 +228,9 @@ def render_html(report: Mapping[str, Any], figures_dir: Path, problems: Sequence
     parts = [f"<h1>Evaluation</h1><p class='lead'>{html.escape(_lead(report))}</p>",
              "<h2>Scores</h2>", _html_table(summary_table(report)),
              _img(figures_dir / figures["scores"], "scores with error bars beside the paper's Table 1")]
+    modes = math_modes_table(report)
+    if modes is not None:
+        parts += ["<h2>Math judging modes</h2>", _html_table(modes, numeric_from=2)]
     for label in report["labels"]:
         model = report["models"][label]
         parts.append(f"<h2>{html.escape(label)}</h2>")

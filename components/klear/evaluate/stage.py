@@ -55,12 +55,14 @@ from klear.common.sample_rows import file_tables
 from klear.evaluate import plots
 from klear.evaluate.benchmarks import BenchmarkSet, load_benchmarks
 from klear.evaluate.config import EvaluateConfig
+from klear.evaluate.modes import mode_scores
 from klear.evaluate.paper import TABLE1
 from klear.evaluate.report import render_html, render_markdown
 from klear.evaluate.samples import LocalSource, SampleError, SampleSource, open_source, parse_sample_specs, read_keys, read_rows
 from klear.evaluate.scoring import ProblemScore, SampleScore, Selection, score_benchmarks, select_samples
 from klear.judge import Judge, Judgement
 from klear.judge.io import ScoreStore, fingerprint, settings_key
+from klear.judge.modes import ModeComparison
 from klear.sample.config import SampleConfig
 from klear.verifiers.config import VerifierConfig
 
@@ -195,6 +197,9 @@ class _Judging:
     def __init__(self, judge: Judge, config: EvaluateConfig, output: str, lease: storage.OutputLease):
         self.judge, self.config, self.output, self.lease = judge, config, output, lease
         self.judged = self.reused = 0
+        # judge.report_modes: the math samples judged again in each other mode (label -> mode -> key -> correct)
+        self.modes = ModeComparison(config.judge)
+        self.mode_correct: dict[str, dict[str, dict[tuple[str, int], bool]]] = defaultdict(lambda: defaultdict(dict))
         self.started = self.last_log = time.monotonic()
 
     def label(self, label: str, locals_: Sequence[LocalSource], selection: Selection, bench: BenchmarkSet,
@@ -225,6 +230,10 @@ class _Judging:
                     store.save([{"id": str(rows[i]["id"]), "sample": int(rows[i]["sample"]), "fingerprint": prints[i],
                                  **j.to_dict()} for i, j in zip(todo, fresh)])
                 self.reused += len(rows) - len(todo)
+                if self.modes.judges:
+                    for mode, again in self.modes.add(rows, problems, [r for r in results if r is not None]).items():
+                        self.mode_correct[label][mode].update(
+                            {(str(rows[i]["id"]), int(rows[i]["sample"])): j.correct for i, j in again.items()})
                 for row, result in zip(rows, results):
                     assert result is not None
                     tokens = row.get("completion_tokens")
@@ -312,11 +321,14 @@ def run(samples: Iterable[SampleSource | str], output: str, config: EvaluateConf
             for label in labels:
                 per_label[label] = judging.label(label, opened[label], selections[label], bench,
                                                  len(selections[label].keys))
+            judging.modes.close()
+            mode_blocks = {label: {mode: mode_scores(selections[label], bench, config, correct)
+                                   for mode, correct in judging.mode_correct[label].items()} for label in labels}
             judge_counts = {"workers": judge.workers, "budget_timeouts": judge.timeouts, "scorer_errors": judge.errors,
                             "judged": judging.judged, "reused": judging.reused,
                             "judge_s": round(time.monotonic() - judge_started, 3)}
         report = _publishable(out.staging, config, bench, labels, selections, per_label, source_info, judge_counts,
-                              benchmarks, started)
+                              benchmarks, started, mode_blocks)
         out.publish(report, {"labels": labels, "scores": _headline(report)}, config=config.model_dump(mode="json"))
     log.info("published %s: %s", output, json.dumps(_headline(report)))
     for model in model_card.record_evaluation(output, _headline(report)):  # the DAG's last step: scores into the cards
@@ -332,8 +344,10 @@ def _headline(report: Mapping[str, Any]) -> dict[str, dict[str, float]]:
 def _publishable(staging: Path, config: EvaluateConfig, bench: BenchmarkSet, labels: list[str],
                  selections: Mapping[str, Selection], per_label: Mapping[str, Mapping[tuple[str, int], SampleScore]],
                  source_info: Mapping[str, list[dict[str, Any]]], judge_counts: dict[str, Any],
-                 benchmark_uris: Sequence[str], started: float) -> dict[str, Any]:
-    """Write the output's files but the report's JSON and Markdown to `staging`; returns the report."""
+                 benchmark_uris: Sequence[str], started: float,
+                 mode_blocks: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Any]:
+    """Write the output's files but the report's JSON and Markdown to `staging`; returns the report.
+    `mode_blocks`: label -> other math judging mode -> benchmark -> pass@1, stderr (judge.report_modes)."""
     selected = config.selected()
     models: dict[str, Any] = {}
     problem_rows: list[ProblemScore] = []
@@ -356,6 +370,7 @@ def _publishable(staging: Path, config: EvaluateConfig, bench: BenchmarkSet, lab
         "settings": _settings(config, bench, source_info, benchmark_uris),
         "notes": _notes(config, bench, labels, selections, source_info, judge_counts),
         "judge": judge_counts,
+        "math_modes": {"mode": config.judge.verifier.math_mode, "other": dict(mode_blocks or {})},
         "figures": {"scores": "scores.png", "pass_counts": "pass_counts.png",
                     "lengths": {label: f"lengths-{label}.png" for label in labels}},
         "versions": {p: metadata.version(p) for p in ("klear-pipeline", "math-verify", "matplotlib")

@@ -38,15 +38,19 @@ class ModeComparison:
             atexit.register(self.close)
 
     def add(self, rows: Sequence[Mapping[str, Any]], problems: Sequence[Problem | None],
-            judgements: Sequence[Judgement]) -> None:
-        """One batch: `judgements` are the run's own (primary mode)."""
+            judgements: Sequence[Judgement]) -> dict[str, dict[int, Judgement]]:
+        """One batch: `judgements` are the run's own (primary mode). Returns the other modes' judgements of its
+        math samples, by index in the batch."""
         math = [i for i, j in enumerate(judgements) if j.kind == "math"]
         self.verdicts[self.primary].update(judgements[i].verdict for i in math)
+        out: dict[str, dict[int, Judgement]] = {}
         if not math or not self.judges:
-            return
+            return out
         for mode, judge in self.judges.items():
             again = judge.judge([rows[i] for i in math], [problems[i] for i in math])
             self.verdicts[mode].update(j.verdict for j in again)
+            out[mode] = dict(zip(math, again))
+        return out
 
     def summary(self) -> dict[str, dict[str, Any]]:
         """Per mode: samples, correct, accuracy, verdicts (the run's own mode first). Closes the judges."""
