@@ -12,7 +12,8 @@
    Every sampling use runs as a cluster runs it: a ParallelFor of slice tasks (two for the teacher and the
    reference model), then a merge.
 4. Prints the evaluation of base -> SFT -> RL on the held-out benchmark and writes <workdir>/summary.json:
-   {"base": {"pass@1", "stderr"}, "sft": {...}, "rl": {...}, "seconds": {stage: s, ...}} (percent), and
+   {"base": {"pass@1", "stderr"}, "sft": {...}, "rl": {...}, "validation": [{"step", "pass@1", "stderr"}, ...] (math
+   RL's validation curve), "seconds": {stage: s, ...}} (percent), and
    <workdir>/lineage.json (.txt): the chain from that evaluation back to the demo's sources (`klear lineage`).
 """
 
@@ -53,6 +54,10 @@ DEMO = {
     "teacher_slices": 2, "reference_slices": 2,
 }
 QUICK: dict[str, Any] = {"gppo_math_overrides": ["max_steps=40"], "gppo_code_overrides": ["max_steps=40"]}
+# Validation during math RL: the first VALIDATION_PROBLEMS problems of the held-out benchmark under the evaluation's
+# demo protocol (k 2: a few seconds a call), at step 0 and every 20 steps; the curve goes into summary.json.
+VALIDATION_PROBLEMS = 32
+VALIDATION = ["val_every=20", "val_config=demo", "val_overrides=[benchmarks.demo.k=2]"]
 
 
 @contextlib.contextmanager
@@ -87,7 +92,10 @@ def prepare_inputs(root: str) -> dict[str, str]:
     data, model = f"{root}/inputs/demo-data", f"{root}/inputs/tiny-model"
     generate(data, seed=0)
     build(model, spec="demo")
-    return {"data": data, "model": model, "benchmark": f"{data}/demo_benchmark.jsonl"}
+    benchmark, validation = f"{data}/demo_benchmark.jsonl", f"{root}/inputs/validation/demo_benchmark.jsonl"
+    head = b"".join(storage.read_bytes(benchmark).splitlines(keepends=True)[:VALIDATION_PROBLEMS])
+    storage.write_bytes(storage.Uri.parse(validation), head)
+    return {"data": data, "model": model, "benchmark": benchmark, "validation": validation}
 
 
 def pipeline_arguments(inputs: dict[str, str], run_root: str, quick: bool) -> dict[str, Any]:
@@ -97,7 +105,9 @@ def pipeline_arguments(inputs: dict[str, str], run_root: str, quick: bool) -> di
         "rl_code_uri": f"{inputs['data']}/code.jsonl", "benchmark_uris": [inputs["benchmark"]], "run_root": run_root,
         **DEMO,
     }
-    return {**arguments, **(QUICK if quick else {})}
+    arguments = {**arguments, **(QUICK if quick else {})}
+    validation = [f"val_data=[{inputs['validation']}]", *VALIDATION]
+    return {**arguments, "gppo_math_overrides": [*validation, *arguments.get("gppo_math_overrides", [])]}
 
 
 def run_folder(run_root: str) -> storage.Uri:
@@ -135,6 +145,12 @@ def summarize(evaluation: dict[str, Any], seconds: dict[str, float], total: floa
     return summary
 
 
+def validation_curve(rl_report: dict[str, Any]) -> list[dict[str, float]]:
+    """Math RL's validation: pass@1 and stderr (percent) on the validation problems by step."""
+    return [{"step": row["step"], "pass@1": row["val/demo/pass@1"], "stderr": row.get("val/demo/stderr")}
+            for row in rl_report.get("validation", [])]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workdir", type=Path, default=Path("runs/demo"))
@@ -158,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         run = run_folder(run_root)
         evaluation = json.loads(storage.read_bytes(run.join("evaluate", "report.json")))
         summary = summarize(evaluation, stage_seconds(run, started), time.time() - started)
+        summary["validation"] = validation_curve(json.loads(storage.read_bytes(run.join("gppo-math", "report.json"))))
         report_html = args.workdir / "report.html"
         report_html.write_bytes(storage.read_bytes(run.join("evaluate", "report.html")))
         print(storage.read_bytes(run.join("evaluate", "report.md")).decode())

@@ -32,6 +32,9 @@ def test_quick_demo_learns(tmp_path: Path, repo_root: Path) -> None:
     assert base <= 1.0, summary
     assert sft >= base + SFT_OVER_BASE, summary
     assert rl >= sft + RL_SHARE_OF_SFT_ERRORS * (100.0 - sft), summary
+    # Math RL's validation curve (--quick: 40 steps, every 20) on held-out problems, from the SFT model's level on.
+    assert [point["step"] for point in summary["validation"]] == [0, 20, 40], summary
+    assert all(0 <= point["pass@1"] <= 100 for point in summary["validation"])
     assert (tmp_path / "report.html").stat().st_size > 10_000
     stages = summary["seconds"]
     assert {"curate", "sample-teacher", "sft-data", "sft", "gppo-math", "gppo-code", "evaluate"} <= set(stages)

@@ -55,3 +55,6 @@ def test_single_stage_pipeline_on_s3(s3_bucket: str, tmp_path: Path) -> None:
     assert "model.safetensors" in manifest.files and "chat_template.jinja" in manifest.files
     report = json.loads(storage.read_bytes(f"{location}/report.json"))
     assert report["data"]["read"] == 40 + 12 + 8 and task.output.metadata["global_step"] == report["training"]["global_step"]
+    # The training curves as the task's HTML artifact, beside its metrics.
+    (curves,) = [p for p in (tmp_path / "kfp").rglob("curves") if p.is_file()]
+    assert "data:image/png;base64," in curves.read_text() and "train/loss" in curves.read_text()

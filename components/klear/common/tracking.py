@@ -213,12 +213,26 @@ def render_curves(rows: Sequence[Mapping[str, float]], title: str) -> str:
         fig.savefig(buffer, format="png", dpi=80)
         plt.close(fig)
         image = base64.b64encode(buffer.getvalue()).decode()
-        sections.append(f'<h2>{group}</h2>\n<img alt="{group} curves" src="data:image/png;base64,{image}">')
+        latest = "".join(f"<tr><td>{name}</td><td>{sorted(curves[name])[-1][1]:.4g}</td><td>{int(sorted(curves[name])[-1][0])}"
+                         "</td></tr>" for name in names)
+        sections.append(f'<h2>{group}</h2>\n<img alt="{group} curves" src="data:image/png;base64,{image}">\n'
+                        f"<table><tr><th>figure</th><th>latest</th><th>at step</th></tr>{latest}</table>")
     body = "\n".join(sections) or "<p>No figures logged yet.</p>"
     steps = max((int(r["step"]) for r in rows), default=0)
     return (f"<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>{title}</title>"
-            "<style>body{font-family:sans-serif;margin:1.5em}img{max-width:100%}</style></head>\n"
+            "<style>body{font-family:sans-serif;margin:1.5em}img{max-width:100%}td,th{padding:0 1em 0 0;text-align:left}"
+            "</style></head>\n"
             f"<body><h1>{title}</h1><p>Up to step {steps}.</p>\n{body}\n</body></html>\n")
+
+
+def publish_curves(output: str, html_path: str) -> None:
+    """The KFP HTML artifact: the published stage's `logs/curves.html` (its checkpoints keep a copy each, in
+    `tensorboard/`, for a run that failed before publishing)."""
+    from klear.common import storage
+
+    uri = storage.Uri.parse(output).join("logs", CURVES_FILE)
+    page = storage.read_bytes(uri) if storage.exists(uri) else render_curves([], "no curves logged").encode()
+    Path(html_path).write_bytes(page)
 
 
 # --------------------------------------------------------------------------- callbacks

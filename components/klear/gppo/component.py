@@ -5,7 +5,7 @@ The pipeline names each use in the run's graph ("math RL: GPPO ...", "code RL: G
 """
 
 from kfp import dsl
-from kfp.dsl import Dataset, Input, Markdown, Metrics, Model, Output
+from kfp.dsl import HTML, Dataset, Input, Markdown, Metrics, Model, Output
 
 from klear.common.images import GPU_IMAGE
 
@@ -23,10 +23,12 @@ def gppo(
     model: Output[Model],
     summary: Output[Markdown],
     metrics: Output[Metrics],
+    curves: Output[HTML],
 ):
     """RL of `policy` on `data` with GPPO; checkpoints to object storage. `task` ("math" or "code") names the
     step (its output goes to `<run_root>/<run id>/gppo-<task>`) and must match the preset's task.
     `gpus_per_node` is a whole number as a string: the pipeline parameter that also sets the pod's GPU limit."""
+    from klear.common import kfp_io, tracking
     from klear.gppo.stage import STAGE
     from klear.training.launch import run_training_component
 
@@ -36,3 +38,4 @@ def gppo(
                          "math or code, with a preset of the same task")
     run_training_component(STAGE, f"gppo-{task}", policy, data, preset, list(overrides), gpus_per_node, nodes,
                            run_root, model, summary, metrics)
+    tracking.publish_curves(kfp_io.output_location(run_root, f"gppo-{task}"), curves.path)  # training and validation curves

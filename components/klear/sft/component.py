@@ -2,7 +2,7 @@
 CPU, one GPU node or several nodes as `klear.training.launch.run_training_stage` describes."""
 
 from kfp import dsl
-from kfp.dsl import Dataset, Input, Markdown, Metrics, Model, Output
+from kfp.dsl import HTML, Dataset, Input, Markdown, Metrics, Model, Output
 
 from klear.common.images import GPU_IMAGE
 
@@ -19,11 +19,15 @@ def sft(
     model: Output[Model],
     summary: Output[Markdown],
     metrics: Output[Metrics],
+    curves: Output[HTML],
 ):
-    """Long-CoT SFT of `base_model` on `data` (assistant-only loss, packing, checkpoints to object storage).
+    """Long-CoT SFT of `base_model` on `data` (assistant-only loss, packing, checkpoints to object storage);
+    `curves`: the training curves (HTML, also in the model's logs/ and each checkpoint).
     `gpus_per_node` is a whole number as a string: the pipeline parameter that also sets the pod's GPU limit."""
+    from klear.common import kfp_io, tracking
     from klear.sft.stage import STAGE
     from klear.training.launch import run_training_component
 
     run_training_component(STAGE, "sft", base_model, data, preset, list(overrides), gpus_per_node, nodes, run_root,
                            model, summary, metrics)
+    tracking.publish_curves(kfp_io.output_location(run_root, "sft"), curves.path)
