@@ -311,11 +311,15 @@ def test_the_demo_passes_only_parameters_the_recipe_takes(compiled: Path) -> Non
     from pipelines.demo import pipeline_arguments
 
     parameters = validate(compiled / "klear-reasoner.yaml").root.input_definitions.parameters
-    inputs = {"data": "s3://b/data", "model": "s3://b/model", "benchmark": "s3://b/data/demo_benchmark.jsonl"}
+    inputs = {"data": "s3://b/data", "model": "s3://b/model", "benchmark": "s3://b/data/demo_benchmark.jsonl",
+              "validation": "s3://b/inputs/validation/demo_benchmark.jsonl"}
     for quick in (False, True):
         arguments = pipeline_arguments(inputs, "s3://b/runs", quick)
         assert set(arguments) <= set(parameters), set(arguments) - set(parameters)
-        assert arguments.get("gppo_math_overrides") == arguments.get("gppo_code_overrides")
+        # Math RL validates on the held-out slice; otherwise both RL runs get the same overrides.
+        math = arguments["gppo_math_overrides"]
+        assert "val_data=[s3://b/inputs/validation/demo_benchmark.jsonl]" in math
+        assert [o for o in math if not o.startswith("val_")] == arguments.get("gppo_code_overrides", [])
 
 
 def _executor_kinds(spec) -> dict[str, str]:
