@@ -233,20 +233,21 @@ def test_three_slices_then_merge_publish_the_bytes_of_the_unsliced_run(tmp_path:
 
 
 def test_a_writer_index_per_writer_replaces_the_shard_indexes(tmp_path: Path) -> None:
-    """Every `compact_every` shards (and when it stops) a writer rewrites one index of all it wrote and deletes
-    the per-shard ones: a restart reads one object per writer, plus the few shards a killed writer wrote since."""
+    """Every `compact_every` shards a writer indexes them in one segment and deletes their own indexes, every
+    `compact_every` segments it writes one index of all it wrote instead: a restart reads a bounded number of
+    objects per writer, plus the few shards a killed writer wrote since."""
     from tests.sample.test_store import _done, _prompt
 
     work = tmp_path / "work"
-    first = WorkArea(str(work), compact_every=3)
+    first = WorkArea(str(work), compact_every=2)
     first.writer = "20260101T000000-aaaa"
     for i in range(7):
         first.write_shard([_done(_prompt(i), 0, "a"), _done(_prompt(i), 1, "b")])
-    assert sorted(p.name for p in (work / "index").iterdir()) == [f"{first.writer}-000006.json",
-                                                                   f"{first.writer}.parquet"]
-    first.compact()
+    assert sorted(p.name for p in (work / "index").iterdir()) == [
+        f"{first.writer}-000006.json", f"{first.writer}.000004.parquet", f"{first.writer}.parquet"]
+    first.compact(final=True)
     assert [p.name for p in (work / "index").iterdir()] == [f"{first.writer}.parquet"]
-    killed = WorkArea(str(work), compact_every=3)  # killed before its first rewrite: two shard indexes
+    killed = WorkArea(str(work), compact_every=3)  # killed before its first segment: two shard indexes
     killed.writer = "20260101T000001-bbbb"
     killed.write_shard([_done(_prompt(7), 0, "a")])
     killed.write_shard([_done(_prompt(0), 0, "second copy"), _done(_prompt(8), 0, "a")])

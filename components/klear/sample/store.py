@@ -5,10 +5,11 @@
                                     locally a temp file renamed into place), so a shard is complete or absent
     <work>/index/<name>.json        the shard's unit keys, written after the shard: a restart reads these
                                     small files, not the responses (a shard without its index is read itself)
-    <work>/index/<writer>.parquet   the unit keys of every shard one writer wrote, rewritten every
-                                    `compact_every` shards and when it stops, after which the per-shard indexes
-                                    it covers are deleted: a restart reads about one object per writer, not one
-                                    per shard (~94K GETs at 24M units otherwise)
+    <work>/index/<writer>*.parquet  the unit keys of the shards one writer wrote: every `compact_every` shards
+                                    a segment of those shards (then their per-shard indexes are deleted), and
+                                    every `compact_every` segments one index of all it wrote, replacing its
+                                    segments; a restart reads a bounded number of objects per writer (at most
+                                    1 + 2 x (compact_every - 1)), not one per shard (~94K GETs at 24M units)
 
 Names are `<writer>-<seq>`, the writer being a start time and a random tag: two pods writing at once (a
 retry while the old pod still runs) never overwrite each other, and when both completed a unit the shard
@@ -135,7 +136,8 @@ class WorkArea:
         self.compact_every = compact_every
         self._seq = 0
         self._written: list[pa.Table] = []  # this writer's index rows (Arrow, WRITER_INDEX_SCHEMA)
-        self._uncompacted: list[str] = []  # its shards whose keys its writer index does not hold yet
+        self._uncompacted: list[str] = []  # its shards indexed only by their own index
+        self._segments: list[str] = []  # its segment indexes since its last whole index
 
     def __str__(self) -> str:
         return str(self.uri)
@@ -188,18 +190,31 @@ class WorkArea:
         return name
 
     def compact(self, final: bool = False) -> None:
-        """Rewrite this writer's index over every shard it wrote, then delete the per-shard indexes it now covers
-        (a kill in between leaves both: the writer index is read, the others ignored). `final`: when the writer
-        stops; a writer of fewer than `compact_every` shards keeps its per-shard indexes (few reads anyway)."""
+        """Index this writer's shards indexed one by one in one segment, then delete their own indexes; once it has
+        `compact_every` segments, write one index of all it wrote and delete the segments (a kill in between
+        leaves both: each index lists its shards, so a shard listed twice is still one shard). Each write of all
+        keys comes after compact_every^2 shards, so a long writer rewrites its keys a few times, not once per
+        segment. `final`: when the writer stops; one of fewer than `compact_every` shards keeps their own."""
         if not self._uncompacted or (final and len(self._written) == len(self._uncompacted)):
             return
-        merged = pa.concat_tables(self._written).combine_chunks()
-        self._written = [merged]
-        storage.write_bytes(self.uri.join("index", f"{self.writer}.parquet"), table_bytes(merged))
-        for name in self._uncompacted:
-            with contextlib.suppress(FileNotFoundError):
-                storage.delete(self.uri.join("index", f"{name}.json"))
+        segment = pa.concat_tables(self._written[-len(self._uncompacted):]).combine_chunks()
+        self._written[-len(self._uncompacted):] = [segment]
+        name = f"{self.writer}.{self._uncompacted[0].rsplit('-', 1)[-1]}"
+        storage.write_bytes(self.uri.join("index", f"{name}.parquet"), table_bytes(segment))
+        self._delete_indexes([f"{shard}.json" for shard in self._uncompacted])
         self._uncompacted = []
+        self._segments.append(name)
+        if len(self._segments) >= self.compact_every:
+            whole = pa.concat_tables(self._written).combine_chunks()
+            self._written = [whole]
+            storage.write_bytes(self.uri.join("index", f"{self.writer}.parquet"), table_bytes(whole))
+            self._delete_indexes([f"{segment}.parquet" for segment in self._segments])
+            self._segments = []
+
+    def _delete_indexes(self, names: Sequence[str]) -> None:
+        for name in names:
+            with contextlib.suppress(FileNotFoundError):
+                storage.delete(self.uri.join("index", name))
 
     def write_table(self, name: str, table: pa.Table) -> None:
         storage.write_bytes(self.uri.join("shards", f"{name}.parquet"), table_bytes(table))
@@ -237,7 +252,10 @@ class WorkArea:
         return scan
 
     def _read_writer_index(self, stem: str) -> pa.Table:
-        data = storage.read_bytes(self.uri.join("index", f"{stem}.parquet"))
+        try:
+            data = storage.read_bytes(self.uri.join("index", f"{stem}.parquet"))
+        except FileNotFoundError:  # a segment merged into its writer's index since: its shards are read below
+            return WRITER_INDEX_SCHEMA.empty_table()
         return pq.read_table(pa.BufferReader(data)).cast(WRITER_INDEX_SCHEMA)
 
     def _shard_keys(self, name: str, indexed: bool) -> tuple[pa.Table, bool]:

@@ -1,0 +1,246 @@
+"""Paper-scale sampling bookkeeping: memory per unit, merge speed and restart time, beside the earlier path.
+
+    python benchmarks/bench_sample_scale.py [--prompts 150000] [--n 16] [--small] [--local] [--legacy-ref REF]
+
+A synthetic run of `prompts` x `n` units (2.4M by default) through the real `klear sample` coordinator, work
+area and merge (klear.sample.stage.run with --slice 0/1, then --merge), with an in-process backend that answers
+every request at once (what the bookkeeping costs, not the model), the work area on a SeaweedFS server on
+loopback (pipelines/local_s3.py; --local: a folder). Each phase is its own process, so each peak RSS is that
+phase's alone:
+
+1. fill     a slice samples 60% of the units, then its pod is preempted (the backend stops answering)
+2. restart  the slice again: time from the start of the run to the first request (load the prompts, read the
+            work area's indexes, find the 40% missing), then it samples the rest
+3. merge    `--merge`: checks every unit, writes the output in prompt order; rows/s over the whole merge
+
+The same phases run with the code of `--legacy-ref` (git; default the commit before the ordered, Arrow-based
+merge: per-unit dicts and sets, one index object per 256-unit shard) on a work area of its own. Memory per
+unit is (peak RSS - RSS after imports) / units: the prompts' own objects are included (per prompt, not per
+unit). The 24M-unit lines scale the per-unit figures linearly (memory) and the restart by the index objects.
+`--small`: 10,000 prompts x 16 (about a minute).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+import types
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # pipelines.local_s3
+LEGACY_REF = "7349012^"  # before the ordered Arrow merge and the writer indexes
+PAPER_UNITS = 24_000_000
+
+
+# --------------------------------------------------------------------------- a phase (child process)
+
+
+def _rss_kb() -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def _load_legacy(ref: str) -> None:
+    """The sample stage's units, store and stage modules as they were at `ref`, in place of today's."""
+    for name in ("units", "store", "stage"):
+        source = subprocess.run(["git", "-C", str(ROOT), "show", f"{ref}:components/klear/sample/{name}.py"],
+                                check=True, capture_output=True, text=True).stdout
+        module = types.ModuleType(f"klear.sample.{name}")
+        module.__file__ = f"<{ref}>/klear/sample/{name}.py"
+        sys.modules[module.__name__] = module
+        setattr(sys.modules["klear.sample"], name, module)
+        exec(compile(source, module.__file__, "exec"), module.__dict__)
+
+
+class Preempted(Exception):
+    """The pod goes away mid-run."""
+
+
+def phase(args: argparse.Namespace) -> dict[str, Any]:
+    import klear.sample.stage  # noqa: F401  (today's modules, or the legacy ones below, before measuring)
+
+    if args.legacy:
+        _load_legacy(args.legacy)
+    import pyarrow as pa
+
+    from klear.common import storage
+    from klear.common.config import load_config
+    from klear.sample import stage
+    from klear.sample.backends import openai_api  # noqa: F401  (imported by the run: not a cost per unit)
+    from klear.sample.backends.base import Completion
+    from klear.sample.config import SampleConfig
+    from klear.sample.reasoning import Parsed
+
+    storage.list_files(args.work)  # the S3 client's own memory, likewise
+    pa.array(["warm"])  # and Arrow's memory pool (mimalloc maps ~35 MiB on its first allocation)
+    start_rss = _rss_kb()
+    first_request: list[float] = []
+    state_rss: list[int] = []
+
+    class Instant:
+        """Answers every request at once; stops after `stop_after` answers (a preempted pod) when given."""
+
+        name = "instant"
+
+        def identity(self) -> dict[str, Any]:
+            return {"engine": "endpoint", "model": "bench"}
+
+        def describe(self) -> dict[str, Any]:
+            return {"backend": "instant", "served_model": "bench", "endpoint": "in-process"}
+
+        def generate(self, requests: Any) -> Any:
+            first_request.append(time.monotonic())
+            state_rss.append(_rss_kb())  # what the coordinator holds once it knows what to sample
+            for k, request in enumerate(requests):
+                if args.stop_after is not None and k >= args.stop_after:
+                    raise Preempted
+                yield Completion(request, Parsed("Let me add the columns.", "42", True), "stop", 30, 12, "bench")
+
+        def close(self) -> None:
+            pass
+
+    stage.make_backend = lambda *a, **k: Instant()
+    config = load_config(SampleConfig, "paper", [f"n={args.n}", "shard_size=256", "flush_seconds=3600",
+                                                 "progress_seconds=3600", "keep_work=true", "rows_per_part=500000"])
+    started = time.monotonic()
+    flags: dict[str, Any] = {"merge": True} if args.phase == "merge" else {"slice_spec": "0/1"}
+    try:
+        report = stage.run([args.prompts_uri], args.output, config, endpoint="http://bench.invalid/v1",
+                           served_model="bench", work=args.work, **flags)
+    except Preempted:
+        report = {}
+    elapsed = time.monotonic() - started
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return {"elapsed_s": elapsed, "peak_kb": peak, "start_kb": start_rss, "state_kb": state_rss[0] if state_rss else None,
+            "to_first_request_s": first_request[0] - started if first_request else None,
+            "units": report.get("units", {})}
+
+
+# --------------------------------------------------------------------------- the run
+
+
+def _child(kind: str, legacy: str | None, prompts: str, output: str, work: str, n: int, stop_after: int | None,
+           env: dict[str, str]) -> dict[str, Any]:
+    command = [sys.executable, __file__, "--phase", kind, "--prompts-uri", prompts, "--output", output, "--work", work,
+               "--n", str(n)] + (["--legacy", legacy] if legacy else []) + \
+              (["--stop-after", str(stop_after)] if stop_after is not None else [])
+    done = subprocess.run(command, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"{kind} ({legacy or 'today'}) failed:\n{done.stderr[-4000:]}")
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def _index_objects(root: str) -> int:
+    from klear.common import storage
+
+    return len(storage.list_files(storage.Uri.parse(root).join("index")))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--prompts", type=int, default=150_000)
+    parser.add_argument("--n", type=int, default=16)
+    parser.add_argument("--done", type=float, default=0.6, help="share of the units done when the pod goes")
+    parser.add_argument("--small", action="store_true", help="10,000 prompts: a quick run")
+    parser.add_argument("--local", action="store_true", help="the work area in a local folder, not SeaweedFS")
+    parser.add_argument("--legacy-ref", default=LEGACY_REF, help="git ref of the earlier path ('' to skip it)")
+    # A phase in its own process (internal).
+    parser.add_argument("--phase", choices=["fill", "restart", "merge"])
+    parser.add_argument("--prompts-uri")
+    parser.add_argument("--output")
+    parser.add_argument("--work")
+    parser.add_argument("--legacy")
+    parser.add_argument("--stop-after", type=int)
+    args = parser.parse_args()
+    if args.phase:
+        print(json.dumps(phase(args)))
+        return
+    if args.small:
+        args.prompts = 10_000
+    units = args.prompts * args.n
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "components"), str(ROOT)])}
+    with tempfile.TemporaryDirectory(prefix="bench-sample-scale-") as tmp:
+        prompts = Path(tmp, "prompts.jsonl")
+        with prompts.open("w") as out:
+            for i in range(args.prompts):
+                out.write(json.dumps({"id": f"q{i:08d}", "prompt": f"Add the columns of {i} and {i * 7 % 9973}."})
+                          + "\n")
+        server = None
+        if args.local:
+            root = str(Path(tmp, "store"))
+        else:
+            import boto3
+
+            from pipelines import local_s3
+
+            server = local_s3.start(Path(tmp, "seaweedfs"))
+            env.update(server.env)
+            os.environ.update(server.env)
+            boto3.client("s3", endpoint_url=server.endpoint, region_name="us-east-1").create_bucket(Bucket="bench")
+            root = "s3://bench"
+        try:
+            print(f"{args.prompts:,} prompts x {args.n} = {units:,} units; work area on "
+                  f"{'a local folder' if args.local else 'SeaweedFS (loopback)'}", flush=True)
+            results: dict[str, dict[str, Any]] = {}
+            for label, legacy in (("today", None), ("earlier", args.legacy_ref or None)):
+                if label == "earlier" and not legacy:
+                    continue
+                output, work = f"{root}/{label}/samples", f"{root}/{label}/samples.work"
+                row: dict[str, Any] = {}
+                for kind, stop in (("fill", int(units * args.done)), ("restart", None), ("merge", None)):
+                    row[kind] = _child(kind, legacy, str(prompts), output, work, args.n, stop, env)
+                    print(f"  {label:8s} {kind:8s} {row[kind]['elapsed_s']:7.1f} s, peak RSS "
+                          f"{row[kind]['peak_kb'] / 1024:7.0f} MiB", flush=True)
+                    if kind == "fill":
+                        row["index_objects"] = _index_objects(work)
+                results[label] = row
+            _print_table(results, units)
+        finally:
+            if server is not None:
+                server.stop()
+
+
+def _print_table(results: dict[str, dict[str, Any]], units: int) -> None:
+    def per_unit(phase: dict[str, Any]) -> float:
+        return (phase["peak_kb"] - phase["start_kb"]) * 1024 / units
+
+    print(f"\n{'':38s}" + "".join(f"{label:>12s}" for label in results))
+    def state(phase: dict[str, Any]) -> float:
+        return (phase["state_kb"] - phase["start_kb"]) * 1024 / units
+
+    lines = [
+        ("coordinator state, first run: B/unit", lambda r: f"{state(r['fill']):.0f}"),
+        ("coordinator state, restart: B/unit", lambda r: f"{state(r['restart']):.0f}"),
+        ("coordinator, first run: B/unit", lambda r: f"{per_unit(r['fill']):.0f}"),
+        ("coordinator, restart:   B/unit", lambda r: f"{per_unit(r['restart']):.0f}"),
+        ("merge:                  B/unit", lambda r: f"{per_unit(r['merge']):.0f}"),
+        ("merge rows/s", lambda r: f"{units / r['merge']['elapsed_s']:,.0f}"),
+        ("restart to first request, s", lambda r: f"{r['restart']['to_first_request_s']:.2f}"),
+        ("index objects after the fill", lambda r: f"{r['index_objects']:,}"),
+    ]
+    for name, value in lines:
+        print(f"{name:38s}" + "".join(f"{value(r):>12s}" for r in results.values()))
+    scale = PAPER_UNITS / units
+    print(f"\nExtrapolated to {PAPER_UNITS / 1e6:.0f}M units (linear in units):")
+    for label, r in results.items():
+        coordinator = max(state(r["fill"]), state(r["restart"])) * PAPER_UNITS / 2**30
+        peak = max(per_unit(r["fill"]), per_unit(r["restart"])) * PAPER_UNITS / 2**30
+        merge = per_unit(r["merge"]) * PAPER_UNITS / 2**30
+        objects = "<= 127 per writer" if label == "today" else f"~{r['index_objects'] * scale:,.0f}"
+        print(f"  {label:8s} coordinator state {coordinator:5.1f} GiB, peak {peak:5.1f} GiB, merge {merge:5.1f} GiB, "
+              f"merge {PAPER_UNITS / (units / r['merge']['elapsed_s']) / 60:5.1f} min, restart "
+              f"~{r['restart']['to_first_request_s'] * scale:5.0f} s, index objects {objects}")
+
+if __name__ == "__main__":
+    main()
