@@ -30,7 +30,8 @@ ALLOWED: dict[str, set[str]] = {
     "sample": {"common"},
     "demo": {"common", "testsets"},
     "sft": {"common", "training"},
-    "gppo": {"common", "training", "verifiers"},
+    # evaluate: validation during RL runs the evaluation's own protocol and judge on the policy.
+    "gppo": {"common", "training", "verifiers", "evaluate"},
     "judge": {"common", "verifiers"},
     "sft_data": {"common", "judge"},
     # testsets: the shipped benchmarks are its default decontamination sets, as for curate.
