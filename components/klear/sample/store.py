@@ -212,9 +212,12 @@ class WorkArea:
             self._segments = []
 
     def _delete_indexes(self, names: Sequence[str]) -> None:
-        for name in names:
+        def delete(name: str) -> None:
             with contextlib.suppress(FileNotFoundError):
                 storage.delete(self.uri.join("index", name))
+
+        with ThreadPoolExecutor(max_workers=16) as pool:  # on object storage each is a round trip
+            list(pool.map(delete, names))
 
     def write_table(self, name: str, table: pa.Table) -> None:
         storage.write_bytes(self.uri.join("shards", f"{name}.parquet"), table_bytes(table))
