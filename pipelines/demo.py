@@ -14,7 +14,8 @@
 4. Prints the evaluation of base -> SFT -> RL on the held-out benchmark and writes <workdir>/summary.json:
    {"base": {"pass@1", "stderr"}, "sft": {...}, "rl": {...}, "validation": [{"step", "pass@1", "stderr"}, ...] (math
    RL's validation curve), "seconds": {stage: s, ...}} (percent), and
-   <workdir>/lineage.json (.txt): the chain from that evaluation back to the demo's sources (`klear lineage`).
+   <workdir>/lineage.json (.txt): the chain from that evaluation back to the demo's sources (`klear lineage`),
+   and <workdir>/model-card.md: the RL model's card (README.md in its folder) with those scores.
 """
 
 from __future__ import annotations
@@ -145,6 +146,19 @@ def summarize(evaluation: dict[str, Any], seconds: dict[str, float], total: floa
     return summary
 
 
+def write_lineage(evaluation: str, workdir: Path) -> None:
+    """<workdir>/lineage.json and lineage.txt: every step from the evaluation back to the demo's sources, read from
+    the manifests while the store is up (`klear lineage` on the evaluation prints the same); model-card.md: the
+    card of the evaluated RL model, its scores written back by the evaluation."""
+    from klear.common import lineage, model_card
+
+    steps = lineage.trace(evaluation)
+    (workdir / "lineage.json").write_text(json.dumps([step.to_json() for step in steps], indent=2, default=str))
+    (workdir / "lineage.txt").write_text(lineage.render_text(steps))
+    final = next(step.uri for step in steps if step.stage == "gppo")  # nearest first: the model sampled
+    (workdir / "model-card.md").write_bytes(storage.read_bytes(storage.Uri.parse(final).join(model_card.CARD_NAME)))
+
+
 def validation_curve(rl_report: dict[str, Any]) -> list[dict[str, float]]:
     """Math RL's validation: pass@1 and stderr (percent) on the validation problems by step."""
     return [{"step": row["step"], "pass@1": row["val/demo/pass@1"], "stderr": row.get("val/demo/stderr")}
@@ -177,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         summary["validation"] = validation_curve(json.loads(storage.read_bytes(run.join("gppo-math", "report.json"))))
         report_html = args.workdir / "report.html"
         report_html.write_bytes(storage.read_bytes(run.join("evaluate", "report.html")))
+        write_lineage(str(run.join("evaluate")), args.workdir)
         print(storage.read_bytes(run.join("evaluate", "report.md")).decode())
     (args.workdir / "summary.json").write_text(json.dumps(summary, indent=2))
     print(_table(summary))

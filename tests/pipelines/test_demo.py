@@ -20,6 +20,8 @@ import pytest
 # damages the model fails.
 SFT_OVER_BASE = 40.0
 RL_SHARE_OF_SFT_ERRORS = 0.25
+# The stages whose configs come from presets (the demo's inputs and evaluation prompts are made without one).
+RECIPE_STAGES = ("curate", "sample", "judge", "sft-data", "sft", "rl-filter", "gppo", "evaluate")
 
 
 @pytest.mark.slow
@@ -39,3 +41,39 @@ def test_quick_demo_learns(tmp_path: Path, repo_root: Path) -> None:
     stages = summary["seconds"]
     assert {"curate", "sample-teacher", "sft-data", "sft", "gppo-math", "gppo-code", "evaluate"} <= set(stages)
     assert "SeaweedFS S3 on http://127.0.0.1" in done.stdout  # outputs went to the real S3 server
+    _check_lineage(tmp_path, rl)
+
+
+def _follow(steps: dict[str, dict], uri: str, route: list[tuple[str, str]]) -> str:
+    """From the step at `uri`, the input of each (role, stage) in turn; the URI reached."""
+    for role, stage in route:
+        uri = next(edge["uri"] for edge in steps[uri]["inputs"] if edge["role"] == role)
+        assert steps[uri]["stage"] == stage, (role, steps[uri])
+        assert steps[uri]["digest"], steps[uri]  # a source's too: its file's sha256
+    return uri
+
+
+def _check_lineage(workdir: Path, rl: float) -> None:
+    """The chain the demo wrote from its final evaluation (`klear lineage`, while the store was up) reaches the
+    demo's source prompts through every stage of the recipe, each step naming its preset, code and KFP run."""
+    import yaml
+
+    listed = json.loads((workdir / "lineage.json").read_text())
+    steps = {step["uri"]: step for step in listed}
+    evaluation = listed[0]["uri"]
+    assert listed[0]["stage"] == "evaluate"
+    model = _follow(steps, evaluation, [("samples:rl", "sample"), ("model", "gppo"), ("model", "gppo")])
+    teacher = _follow(steps, model, [("model", "sft"), ("data", "sft-data"), ("samples", "sample")])
+    source = _follow(steps, teacher, [("prompts", "curate"), ("input", "")])
+    assert source.endswith("/arithmetic.jsonl#prompt=problem"), source
+    filtered = _follow(steps, model, [("data", "rl-filter"), ("samples", "judge"), ("samples", "sample"), ("prompts", "")])
+    assert filtered.endswith("/arithmetic.jsonl"), filtered
+    for step in listed:
+        if step["stage"] in RECIPE_STAGES:
+            assert step["settings"].get("preset") and step["code"]["commit"] and step["kfp"]["run_id"], step
+        assert not any(edge["changed"] for edge in step["inputs"]), step
+    card = (workdir / "model-card.md").read_text()
+    header = yaml.safe_load(card.split("---\n")[1])
+    assert header["klear"]["stage"] == "gppo" and header["klear"]["preset"]["preset"] == "tiny-code"
+    scores = {r["metrics"][0]["name"]: r["metrics"][0]["value"] for r in header["model-index"][0]["results"]}
+    assert abs(scores["pass@1 (rl)"] - rl) < 0.01, scores
