@@ -132,7 +132,7 @@ class VLLMBackend:
             if not task.cancelled() and task.exception() is not None:
                 failure.append(task.exception())  # type: ignore[arg-type]
 
-        async def one(job: tuple[Request, ...], engine: int) -> None:
+        async def one(job: tuple[Request, ...], prompt_ids: list[int], engine: int) -> None:
             first = job[0]
             params = SamplingParams(n=1, seed=first.seed, temperature=config.temperature, top_p=config.top_p,
                                     top_k=config.top_k or -1, repetition_penalty=config.repetition_penalty,
@@ -140,7 +140,7 @@ class VLLMBackend:
                                     output_kind=RequestOutputKind.FINAL_ONLY)
             try:
                 final = await _last(self.engine.generate(
-                    {"prompt_token_ids": self._encode(first)}, params, request_id=f"{call}-{first.prompt.id}#{first.sample}",
+                    {"prompt_token_ids": prompt_ids}, params, request_id=f"{call}-{first.prompt.id}#{first.sample}",
                     data_parallel_rank=engine if self.engines > 1 else None))
                 for request in job:
                     answers.put(self._completion(request, final))
@@ -160,7 +160,7 @@ class VLLMBackend:
                     break
                 engine = least_loaded(in_flight)
                 in_flight[engine] += 1
-                task = asyncio.create_task(one(job, engine))
+                task = asyncio.create_task(one(job, self._encode(job[0]), engine))
                 running.add(task)
                 task.add_done_callback(finished)
             while running and not failure:
