@@ -45,7 +45,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 import orjson
@@ -586,10 +586,43 @@ def run(prompts: Sequence[str], output: str, config: SampleConfig, model: str | 
     return report
 
 
-def make_requests(items: Sequence[Prompt], plan: Plan, pending: np.ndarray, seed: int) -> list[Request]:
+class PendingRequests(Sequence[Request]):
+    """The requests of the pending units, in output order, each made when the backend takes it: two int32 per
+    unit until then, not a Python object (a slice of a paper-scale run has millions pending)."""
+
+    def __init__(self, items: Sequence[Prompt], plan: Plan, pending: np.ndarray, seed: int) -> None:
+        prompt, sample = plan.units(pending)
+        self._items, self._seed = items, seed
+        self._prompt, self._sample = prompt.astype(np.int32), sample.astype(np.int32)
+
+    def __len__(self) -> int:
+        return len(self._prompt)
+
+    def _make(self, i: int, j: int) -> Request:
+        prompt = self._items[i]
+        return Request(prompt, j, unit_seed(self._seed, prompt.id, j))
+
+    @overload
+    def __getitem__(self, index: int) -> Request: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[Request]: ...
+
+    def __getitem__(self, index: int | slice) -> Request | list[Request]:
+        if isinstance(index, slice):
+            return [self[k] for k in range(*index.indices(len(self)))]
+        return self._make(int(self._prompt[index]), int(self._sample[index]))
+
+    def __iter__(self) -> Iterator[Request]:
+        for start in range(0, len(self), 65536):
+            stop = start + 65536
+            for i, j in zip(self._prompt[start:stop].tolist(), self._sample[start:stop].tolist()):
+                yield self._make(i, j)
+
+
+def make_requests(items: Sequence[Prompt], plan: Plan, pending: np.ndarray, seed: int) -> PendingRequests:
     """The requests of the pending positions of `plan` (over `items`), in output order."""
-    prompt, sample = plan.units(pending)
-    return [Request(items[i], j, unit_seed(seed, items[i].id, j)) for i, j in zip(prompt.tolist(), sample.tolist())]
+    return PendingRequests(items, plan, pending, seed)
 
 
 # --------------------------------------------------------------------------- slices and their merge
