@@ -314,7 +314,8 @@ def _run_tracker(base: type) -> type:
                 self._saved_env.setdefault(key, os.environ.get(key))
                 os.environ[key] = value
             history = self.logs_dir / HISTORY_FILE
-            if state.is_world_process_zero and history.is_file():  # the curves so far, restored with the TensorBoard logs
+            # The curves so far, restored with the TensorBoard logs of the checkpoint this run resumes.
+            if state.is_world_process_zero and state.global_step > 0 and history.is_file():
                 self.rows = [json.loads(line) for line in history.read_text().splitlines() if line.strip()]
                 self.rows = [r for r in self.rows if r.get("step", 0) <= state.global_step]
 

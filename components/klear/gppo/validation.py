@@ -86,6 +86,7 @@ class Validation(TrainerCallback):
         scores: dict[str, float] = {}
         if trainer.is_world_process_zero():
             states = random.getstate(), np.random.get_state(), torch.get_rng_state()
+            cuda_states = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
             was_training = trainer.model.training
             try:
                 finish_model_folder(model_dir, self.tokenizer)
@@ -95,6 +96,8 @@ class Validation(TrainerCallback):
                 random.setstate(states[0])
                 np.random.set_state(states[1])
                 torch.set_rng_state(states[2])
+                if cuda_states is not None:
+                    torch.cuda.set_rng_state_all(cuda_states)
                 trainer.model.train(was_training)
             shutil.rmtree(model_dir, ignore_errors=True)  # the report and samples stay for a look in the pod
             scores = {**val_scores(report), "val/seconds": time.perf_counter() - started}

@@ -74,6 +74,8 @@ def summarize(history: list[dict[str, float]], train_output: dict[str, float]) -
             summary["tokens_per_second"] = sum(rates) / len(rates)
         if "num_tokens" in last:
             summary["train_tokens"] = last["num_tokens"]
+        if "packing_efficiency" in last:
+            summary["packing_efficiency"] = last["packing_efficiency"]
     for key in ("train_loss", "train_runtime"):
         if key in train_output:
             summary[key] = float(train_output[key])
