@@ -112,7 +112,7 @@ def phase(args: argparse.Namespace) -> dict[str, Any]:
 
     stage.make_backend = lambda *a, **k: Instant()
     config = load_config(SampleConfig, "paper", [f"n={args.n}", "shard_size=256", "flush_seconds=3600",
-                                                 "progress_seconds=3600", "keep_work=true", "rows_per_part=500000"])
+                                                 "progress_seconds=3600", "keep_work=true"])
     started = time.monotonic()
     flags: dict[str, Any] = {"merge": True} if args.phase == "merge" else {"slice_spec": "0/1"}
     try:
