@@ -154,6 +154,8 @@ def test_mlflow_and_wandb_runs_read_back_and_continued_on_resume(
     run(tiny_model, demo_files, str(output), config, work_dir=str(tmp_path / "work-2"))
     assert f"continuing tracker run(s) mlflow {mlflow_run.info.run_id}, wandb {ids['wandb']}" in caplog.text
     assert len(client.search_runs([experiment.experiment_id])) == 1
+    # W&B: the second attempt's offline run has the first one's id (synced, they are one run).
+    assert len(list((tmp_path / "wandb").rglob(f"run-{ids['wandb']}.wandb"))) == 2
 
     # The secret is in no log line, no output file, no MLflow param or tag.
     captured = capfd.readouterr()

@@ -283,6 +283,11 @@ def _restorer(base: type) -> type:
             self.tracker = tracker
 
         def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if "wandb" in self.tracker.trackers and state.is_world_process_zero:
+                import wandb
+
+                if wandb.run is not None:  # transformers leaves it open; a resumed attempt reopens it by id
+                    wandb.finish()
             self.tracker.restore_environment()
 
     return RestoreEnvironment
@@ -313,6 +318,13 @@ def _run_tracker(base: type) -> type:
             for key, value in run_environment(self.settings, self.trackers, resumed).items():
                 self._saved_env.setdefault(key, os.environ.get(key))
                 os.environ[key] = value
+            if "wandb" in self.trackers and resumed.get("wandb") and state.is_world_process_zero:
+                import wandb
+
+                # Opened here by id: W&B reads WANDB_RUN_ID once per process; transformers' callback takes an open run.
+                if wandb.run is None:
+                    wandb.init(project=os.environ.get("WANDB_PROJECT", "huggingface"), id=resumed["wandb"], resume="allow",
+                               name=args.run_name)
             history = self.logs_dir / HISTORY_FILE
             # The curves so far, restored with the TensorBoard logs of the checkpoint this run resumes.
             if state.is_world_process_zero and state.global_step > 0 and history.is_file():
