@@ -305,6 +305,7 @@ def choose(plan: Plan, scan: Scan) -> Chosen:
     positions = plan.locate(keys.column("id"), keys.column("sample"), keys.column("prompt_hash"))
     shard, row = np.asarray(keys.column("shard"), np.int32), np.asarray(keys.column("row"), np.int32)
     kept = first_copies(positions, shard)
+    pa.default_memory_pool().release_unused()  # the keys' temporaries: back to the system, not held as RSS
     return Chosen(plan, scan.shards, positions[kept], shard[kept], row[kept], dropped=keys.num_rows - len(kept),
                   duplicates=int(np.count_nonzero(positions >= 0)) - len(kept))
 

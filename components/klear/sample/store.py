@@ -249,9 +249,11 @@ class WorkArea:
         pieces = []
         for table in [*writers, *(keys for keys, _ in loose)]:
             number = pc.index_in(table.column("shard"), value_set=numbers)  # null: a shard deleted since
-            table = table.set_column(0, "shard", number.cast(pa.int32())).filter(pc.is_valid(number))
-            pieces.append(table.select(KEYS_SCHEMA.names).cast(KEYS_SCHEMA))
-        scan.keys = pa.concat_tables(pieces).combine_chunks() if pieces else KEYS_SCHEMA.empty_table()
+            table = table.set_column(0, "shard", number.cast(pa.int32()))
+            if number.null_count:
+                table = table.filter(pc.is_valid(number))
+            pieces.append(table.select(KEYS_SCHEMA.names))  # no copies: tens of millions of keys at paper scale
+        scan.keys = pa.concat_tables(pieces) if pieces else KEYS_SCHEMA.empty_table()
         return scan
 
     def _read_writer_index(self, stem: str) -> pa.Table:
