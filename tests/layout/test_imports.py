@@ -32,12 +32,15 @@ ALLOWED: dict[str, set[str]] = {
     "sft": {"common", "training"},
     # evaluate: validation during RL runs the evaluation's own protocol and judge on the policy.
     "gppo": {"common", "training", "verifiers", "evaluate"},
-    "judge": {"common", "verifiers"},
+    # sft_data, rl_filter, evaluate: a judge step of the DAG judges with the judge settings of the stage it feeds
+    # (their config modules only, imported when asked: stage_judge_config).
+    "judge": {"common", "verifiers", "sft_data", "rl_filter", "evaluate"},
     "sft_data": {"common", "judge"},
     # testsets: the shipped benchmarks are its default decontamination sets, as for curate.
     "rl_filter": {"common", "judge", "curate", "testsets"},
     # sample: `klear evaluate --model` samples first; testsets: the shipped math sets are its default benchmarks.
-    "evaluate": {"common", "judge", "sample", "testsets"},
+    # verifiers: the report states the judging rules the verifier settings give.
+    "evaluate": {"common", "judge", "sample", "testsets", "verifiers"},
     "cli": {"common"},
 }
 # Packages that only exist in the training (GPU) image.

@@ -13,6 +13,10 @@ import hashlib
 from klear.common import storage
 
 
+class MergeIncompleteError(RuntimeError):
+    """A slice of the run has left no part, or items no slice has done: the merge publishes nothing."""
+
+
 def slice_of(item_id: str, count: int) -> int:
     """The slice (0 .. count-1) an id belongs to: from the id alone, so it is the same on every pod and run;
     units keep their keys whatever `count` is, so a rerun with another count reuses every unit done."""

@@ -45,7 +45,7 @@ from klear.common import storage
 from klear.common.data_stage import DataStage, StageOutput
 from klear.common.records import ParquetShardWriter
 from klear.common.sample_rows import SampleInputError, iter_sample_tables
-from klear.common.slices import parse_slice, slice_folder, slice_of, work_beside
+from klear.common.slices import MergeIncompleteError, parse_slice, slice_folder, slice_of, work_beside
 from klear.judge.config import JudgeConfig
 from klear.judge.io import JUDGE_COLUMNS, ScoreStore, fingerprint, judgement_columns, settings_key
 from klear.judge.modes import ModeComparison
@@ -295,10 +295,6 @@ def stage_judge_config(stage: str, preset: str, overrides: list[str], task: str 
 
 
 # --------------------------------------------------------------------------- slices and their merge
-
-
-class MergeIncompleteError(RuntimeError):
-    """A slice of the run has not left its part, or samples no slice judged: the merge publishes nothing."""
 
 
 _PART = re.compile(r"([0-9]+)-of-([0-9]+)/part\.json")

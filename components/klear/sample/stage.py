@@ -55,6 +55,7 @@ import pyarrow.compute as pc
 from klear.common import storage
 from klear.common.data_stage import DataStage
 from klear.common.records import ParquetShardWriter, RecordError, Source, iter_training_records
+from klear.common.slices import MergeIncompleteError
 from klear.sample.backends.base import Backend, Completion, Request
 from klear.sample.config import SampleConfig
 from klear.sample.progress import Progress, ProgressLogger
@@ -627,10 +628,6 @@ def make_requests(items: Sequence[Prompt], plan: Plan, pending: np.ndarray, seed
 
 
 # --------------------------------------------------------------------------- slices and their merge
-
-
-class MergeIncompleteError(RuntimeError):
-    """Units of the run that no slice has sampled or recorded as failed: the merge publishes nothing."""
 
 
 def run_slice(part: tuple[int, int], prompts: Sequence[str], out: storage.Uri, area: WorkArea, config: SampleConfig,
