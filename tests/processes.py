@@ -30,10 +30,10 @@ def gone_soon(pid: int, within_s: float = 3.0) -> bool:
 
 
 @contextlib.contextmanager
-def served_on_loopback(command: list[str], env: dict[str, str], log: Path, port: int, what: str,
-                       timeout_s: float) -> Iterator[str]:
-    """Start an OpenAI-compatible server (its own process group, output to `log`), wait until its /health
-    answers 200, yield its base URL (…/v1); stop the whole group afterwards. Fails the test, with the log's
+def served_on_loopback(command: list[str], env: dict[str, str] | None, log: Path, port: int, what: str,
+                       timeout_s: float, api_path: str = "/v1") -> Iterator[str]:
+    """Start a server (its own process group, output to `log`), wait until its /health answers 200, yield its
+    base URL (…/v1 for an OpenAI-compatible one); stop the whole group afterwards. Fails the test, with the log's
     tail, when the server exits or does not answer in `timeout_s`."""
     with open(log, "wb") as sink:
         process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -49,7 +49,7 @@ def served_on_loopback(command: list[str], env: dict[str, str], log: Path, port:
             if process.poll() is not None or time.monotonic() > deadline:
                 pytest.fail(f"{what} did not come up:\n{log.read_text()[-4000:]}")
             time.sleep(0.5)
-        yield f"http://127.0.0.1:{port}/v1"
+        yield f"http://127.0.0.1:{port}{api_path}"
     finally:
         os.killpg(process.pid, signal.SIGTERM)
         try:

@@ -8,8 +8,6 @@ import json
 import logging
 import os
 import subprocess
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +17,7 @@ from klear.common import storage, tracking
 from klear.common.config import ConfigError, load_config
 from klear.sft.config import SftConfig
 from tests.conftest import free_port
+from tests.processes import served_on_loopback
 
 ROOT = Path(__file__).resolve().parents[2]
 MLFLOW = ROOT / ".venv-mlflow" / "bin" / "mlflow"
@@ -40,29 +39,10 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     binary = mlflow_server_binary()
     root = tmp_path_factory.mktemp("mlflow")
     port = free_port()
-    log = root / "server.log"
-    with open(log, "wb") as sink:
-        process = subprocess.Popen([str(binary), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
-                                    "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
-                                    "--artifacts-destination", str(root / "artifacts")],
-                                   stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
-                    if response.status == 200:
-                        break
-            except OSError:
-                pass
-            if process.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"mlflow server did not come up:\n{log.read_text()[-4000:]}")
-            time.sleep(0.5)
+    command = [str(binary), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+               "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}", "--artifacts-destination", str(root / "artifacts")]
+    with served_on_loopback(command, None, root / "server.log", port, "mlflow server", 120, api_path="") as url:
         yield url
-    finally:
-        os.killpg(process.pid, 15)
-        process.wait(timeout=30)
 
 
 def _files_text(root: Path) -> str:

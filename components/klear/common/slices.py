@@ -7,6 +7,7 @@ a merge publishes once every slice's part is there.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import hashlib
 
@@ -23,6 +24,15 @@ def slice_of(item_id: str, count: int) -> int:
     if count < 1:
         raise ValueError(f"slice count must be >= 1, got {count}")
     return int.from_bytes(hashlib.sha256(item_id.encode()).digest()[:8], "big") % count
+
+
+def add_slice_arguments(parser: argparse.ArgumentParser, verb: str, hashed: str, merge_help: str) -> None:
+    """`--slice I/N` and `--merge` of a command that fans out (`verb` the slices' work, `hashed` the id they
+    split on), as args.slice_spec and args.merge."""
+    parser.add_argument("--slice", metavar="I/N", dest="slice_spec",
+                        help=f"{verb} only slice I of N (0 <= I < N, by a hash of the {hashed} id) into the work area, "
+                             "publishing nothing; one pod per slice")
+    parser.add_argument("--merge", action="store_true", help=merge_help)
 
 
 def parse_slice(text: str) -> tuple[int, int]:

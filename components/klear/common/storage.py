@@ -276,6 +276,22 @@ def delete(uri: str | Uri) -> None:
         Path(loc.path).unlink(missing_ok=True)
 
 
+def delete_files(uri: str | Uri, owned: Callable[[str], bool]) -> None:
+    """Delete the files under `uri` whose relative path `owned` accepts, then, on a local disk, the folders this
+    left empty (the folder itself included): another writer's files, and their folders, stay."""
+    loc = Uri.parse(uri)
+    for rel in list_files(loc):
+        if owned(rel):
+            delete(loc.join(rel))
+    if not loc.is_s3:  # local folders outlive their files
+        root = Path(loc.path)
+        for folder in sorted((p for p in root.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        with contextlib.suppress(OSError):
+            root.rmdir()
+
+
 def upload_file(local: str | Path, uri: str | Uri) -> None:
     loc = Uri.parse(uri)
     if not loc.is_s3:

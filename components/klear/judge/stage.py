@@ -36,7 +36,6 @@ import re
 import time
 from collections import Counter, defaultdict
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -45,7 +44,7 @@ from klear.common import storage
 from klear.common.data_stage import DataStage, StageOutput
 from klear.common.records import ParquetShardWriter
 from klear.common.sample_rows import SampleInputError, iter_sample_tables
-from klear.common.slices import MergeIncompleteError, parse_slice, slice_folder, slice_of, work_beside
+from klear.common.slices import MergeIncompleteError, add_slice_arguments, parse_slice, slice_folder, slice_of, work_beside
 from klear.judge.config import JudgeConfig
 from klear.judge.io import JUDGE_COLUMNS, ScoreStore, fingerprint, judgement_columns, settings_key
 from klear.judge.modes import ModeComparison
@@ -433,16 +432,7 @@ class SliceScores:
 
     def delete_work(self) -> None:
         """Remove the slices' scores and parts once published (the work area's other files are not ours)."""
-        for rel in storage.list_files(self.work):
-            if rel.startswith((f"{ScoreStore.FOLDER}/", "slices/")):
-                storage.delete(self.work.join(rel))
-        if not self.work.is_s3:  # local folders outlive their files; remove the emptied ones only
-            root = Path(self.work.path)
-            for folder in sorted((p for p in root.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
-                with contextlib.suppress(OSError):
-                    folder.rmdir()
-            with contextlib.suppress(OSError):
-                root.rmdir()
+        storage.delete_files(self.work, lambda rel: rel.startswith((f"{ScoreStore.FOLDER}/", "slices/")))
 
 
 # --------------------------------------------------------------------------- CLI
@@ -456,11 +446,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--problems", default=None, metavar="URI",
                         help="problems by id, URI[#id=F&answer=F&tests=F&fn_name=F] (default: each sample's record)")
     parser.add_argument("--work", metavar="URI", help="work area the slices and their merge share (default: <output>.work)")
-    parser.add_argument("--slice", metavar="I/N", dest="slice_spec",
-                        help="judge only slice I of N (0 <= I < N, by a hash of the sample id) into the work area, "
-                             "publishing nothing; one pod per slice")
-    parser.add_argument("--merge", action="store_true",
-                        help="judge nothing: publish the slices' judgements once every slice of N has left its part")
+    add_slice_arguments(parser, "judge", "sample",
+                        "judge nothing: publish the slices' judgements once every slice of N has left its part")
     STAGE.add_main(parser, lambda args, config: run(args.samples, args.output, config, args.problems, work=args.work,
                                                     slice_spec=args.slice_spec, merge=args.merge),
                    lambda report: report.get("totals") or {k: report[k] for k in ("slice", "samples", "reused")})

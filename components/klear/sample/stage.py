@@ -55,7 +55,7 @@ import pyarrow.compute as pc
 from klear.common import storage
 from klear.common.data_stage import DataStage
 from klear.common.records import ParquetShardWriter, RecordError, Source, iter_training_records
-from klear.common.slices import MergeIncompleteError
+from klear.common.slices import MergeIncompleteError, add_slice_arguments
 from klear.sample.backends.base import Backend, Completion, Request
 from klear.sample.config import SampleConfig
 from klear.sample.progress import Progress, ProgressLogger
@@ -865,11 +865,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--endpoint", metavar="URL", help="OpenAI-compatible API root, e.g. http://teacher:8000/v1")
     parser.add_argument("--served-model", metavar="NAME", help="the model name the endpoint serves")
     parser.add_argument("--work", metavar="URI", help="work area for resumable shards (default: <output>.work)")
-    parser.add_argument("--slice", metavar="I/N", dest="slice_spec",
-                        help="sample only slice I of N (0 <= I < N, by a hash of the prompt id) into the work area, "
-                             "publishing nothing; one pod per slice")
-    parser.add_argument("--merge", action="store_true",
-                        help="sample nothing: publish the slices' units once every unit is in a shard or failed")
+    add_slice_arguments(parser, "sample", "prompt",
+                        "sample nothing: publish the slices' units once every unit is in a shard or failed")
     STAGE.add_main(parser, lambda args, config: run(args.prompts, args.output, config, model=args.model,
                                                     endpoint=args.endpoint, served_model=args.served_model,
                                                     work=args.work, slice_spec=args.slice_spec, merge=args.merge),

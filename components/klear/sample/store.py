@@ -27,7 +27,6 @@ import secrets
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -295,16 +294,7 @@ class WorkArea:
 
     def delete_all(self) -> None:
         """Delete the work area's own files, then the folder if nothing else is left in it."""
-        for rel in storage.list_files(self.uri):
-            if is_work_file(rel):
-                storage.delete(self.uri.join(rel))
-        if not self.uri.is_s3:  # local folders outlive their files; remove the emptied ones only
-            root = Path(self.uri.path)
-            for folder in sorted((p for p in root.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
-                with contextlib.suppress(OSError):
-                    folder.rmdir()
-            with contextlib.suppress(OSError):
-                root.rmdir()
+        storage.delete_files(self.uri, is_work_file)
 
 
 # What a work area holds: its settings, shards and their indexes, the report and failed units of a run that
