@@ -93,15 +93,21 @@ def _tokens_equal(a: str, b: str, rel_tol: float, abs_tol: float) -> bool:
     return (rel_tol > 0 or abs_tol > 0) and math.isclose(float(x), float(y), rel_tol=rel_tol, abs_tol=abs_tol)
 
 
-def compare_stdout(actual: str, expected: str, rel_tol: float = 0.0, abs_tol: float = 0.0) -> bool:
-    """LiveCodeBench's comparison: line by line after stripping; else token by token, numbers as numbers."""
+def _differing_lines(actual: str, expected: str) -> list[tuple[str, str]] | None:
+    """The line pairs that differ after stripping the text and each line; None when the line counts differ."""
     got = [line.strip() for line in actual.strip().split("\n")]
     want = [line.strip() for line in expected.strip().split("\n")]
     if len(got) != len(want):
+        return None
+    return [(g, w) for g, w in zip(got, want) if g != w]
+
+
+def compare_stdout(actual: str, expected: str, rel_tol: float = 0.0, abs_tol: float = 0.0) -> bool:
+    """LiveCodeBench's comparison: line by line after stripping; else token by token, numbers as numbers."""
+    differing = _differing_lines(actual, expected)
+    if differing is None:
         return False
-    for g, w in zip(got, want):
-        if g == w:
-            continue
+    for g, w in differing:
         gt, wt = g.split(), w.split()
         if len(gt) != len(wt) or not all(_tokens_equal(a, b, rel_tol, abs_tol) for a, b in zip(gt, wt)):
             return False
@@ -119,13 +125,10 @@ def compare_stdout_lcb(actual: str, expected: str) -> bool:
     """lcb_runner's grade_stdio comparison: the same number of lines (after stripping the whole text), each line
     equal after stripping, or both lines wholly numbers with equal Decimal lists ("10.0" = "10", but "Yes 10.0"
     != "Yes 10" and "a  b" != "a b": a line with any word is compared as text)."""
-    got = [line.strip() for line in actual.strip().split("\n")]
-    want = [line.strip() for line in expected.strip().split("\n")]
-    if len(got) != len(want):
+    differing = _differing_lines(actual, expected)
+    if differing is None:
         return False
-    for g, w in zip(got, want):
-        if g == w:
-            continue
+    for g, w in differing:
         gd, wd = _decimal_line(g), _decimal_line(w)
         try:
             if gd is None or wd is None or gd != wd:
