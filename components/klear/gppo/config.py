@@ -156,6 +156,10 @@ class GppoConfig(StageConfig, TrackingSettings):
         if rollouts % self.per_device_batch_size:
             raise ValueError(f"a mini-batch of {rollouts} rollouts does not split into per_device_batch_size "
                              f"{self.per_device_batch_size}")
+        if self.deepspeed and self.use_vllm and self.vllm_sync_tolerance > 0 and self.temperature != 1.0:
+            # Under DeepSpeed the check scores the policy as TRL does, at the rollout temperature; vLLM's are raw.
+            raise ValueError(f"vllm_sync_tolerance with deepspeed needs temperature 1.0 (got {self.temperature}): "
+                             "set vllm_sync_tolerance=0 or temperature=1.0")
         return self
 
     @property

@@ -196,13 +196,25 @@ class GppoTrainer(GRPOTrainer):
         if tolerance <= 0:
             return
         prompt, completion = sync_probe(self.processing_class)
-        gap = logprob_gap(self.vllm_generation.llm, self.model, prompt, completion)
+        # Under DeepSpeed the policy runs through TRL's own scoring (its fused head): a plain forward beside it
+        # leaves ZeRO-3 parameters in flight for TRL's next one ("Cannot partition a param in flight").
+        gap = logprob_gap(self.vllm_generation.llm, self.model, prompt, completion,
+                          self._policy_logprobs if self.is_deepspeed_enabled else None)
         self.sync_gaps.append(gap)
         log.info("step %d: vLLM vs policy log-prob gap after the weight sync %.2e", self.state.global_step, gap)
         if gap > tolerance:
             raise WeightSyncError(f"step {self.state.global_step}: after the weight sync vLLM's log-probabilities "
                                   f"differ from the policy's by {gap:.3g} > vllm_sync_tolerance {tolerance:g}: "
                                   "vLLM is not sampling from the policy being trained")
+
+    def _policy_logprobs(self, ids: list[int], completion_tokens: int) -> torch.Tensor:
+        """The policy's log-probs of the last `completion_tokens` of `ids`, scored as TRL scores rollouts (at the
+        rollout temperature: GppoConfig refuses the check under DeepSpeed unless it is 1, vLLM's are raw)."""
+        input_ids = torch.tensor([ids], device=self.accelerator.device)
+        with torch.no_grad():
+            logps, _, _ = self._get_per_token_logps_and_entropies(self.model, input_ids, torch.ones_like(input_ids),
+                                                                  completion_tokens)
+        return logps[0]
 
     def training_step(self, model: Any, inputs: dict[str, Any], num_items_in_batch: Any) -> torch.Tensor:
         """Adds `time/update_s` per optimizer step: the step's wall time without its generation round."""

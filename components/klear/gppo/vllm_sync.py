@@ -13,7 +13,7 @@ sync when `vllm_sync_tolerance` > 0.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 
@@ -28,18 +28,24 @@ def push_weights(llm: Any, named_params: Iterable[tuple[str, Any]]) -> None:
     llm.reset_prefix_cache()
 
 
-def logprob_gap(llm: Any, policy: Any, prompt_ids: Sequence[int], completion_ids: Sequence[int]) -> float:
-    """The largest |log p_vLLM - log p_policy| over the completion's tokens, given the prompt (temperature 1)."""
+def logprob_gap(llm: Any, policy: Any, prompt_ids: Sequence[int], completion_ids: Sequence[int],
+                policy_logprobs: Callable[[list[int], int], Any] | None = None) -> float:
+    """The largest |log p_vLLM - log p_policy| over the completion's tokens, given the prompt (temperature 1).
+    `policy_logprobs(ids, n)`: the policy's log-probs of the last n of `ids` (a 1-D tensor), when the policy must
+    be run its trainer's way (ZeRO-3); else a plain forward of `policy`."""
     import torch
     from vllm import SamplingParams
 
     ids = [*prompt_ids, *completion_ids]
     params = SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0)
-    output = llm.generate([{"prompt_token_ids": ids}], params, use_tqdm=False)[0]
+    output = llm.generate([{"prompt_token_ids": ids}], params, use_tqdm=False)[0]  # raw log-probs: no temperature
     served = [output.prompt_logprobs[p][ids[p]].logprob for p in range(len(prompt_ids), len(ids))]
-    device = next(policy.parameters()).device
-    with torch.no_grad():
-        logits = policy(input_ids=torch.tensor([ids], device=device)).logits[0, :-1].float()
-    own = torch.log_softmax(logits, dim=-1)[len(prompt_ids) - 1:].gather(
-        -1, torch.tensor(ids[len(prompt_ids):], device=device).unsqueeze(-1)).squeeze(-1)
-    return float((own.cpu() - torch.tensor(served)).abs().max())
+    if policy_logprobs is not None:
+        own = policy_logprobs(ids, len(completion_ids)).float().cpu()
+    else:
+        device = next(policy.parameters()).device
+        with torch.no_grad():
+            logits = policy(input_ids=torch.tensor([ids], device=device)).logits[0, :-1].float()
+        own = torch.log_softmax(logits, dim=-1)[len(prompt_ids) - 1:].gather(
+            -1, torch.tensor(ids[len(prompt_ids):], device=device).unsqueeze(-1)).squeeze(-1).cpu()
+    return float((own - torch.tensor(served)).abs().max())
