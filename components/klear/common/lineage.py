@@ -277,7 +277,8 @@ def render_mermaid(steps: Sequence[Step]) -> str:
     ids = {step.uri: f"n{i}" for i, step in enumerate(steps)}
     lines = ["flowchart TD"]
     for step in steps:
-        label = f"{step.stage or 'source'}<br/>{_mermaid_text(step.uri)}<br/>{_short(step.digest)}"
+        # " · ", not <br/>: the reports that embed the graph carry no HTML (their tests refuse any "<")
+        label = f"{step.stage or 'source'} · {_mermaid_text(step.uri)} · {_short(step.digest)}"
         lines.append(f'  {ids[step.uri]}["{label}"]')
     for step in steps:
         for edge in step.inputs:
