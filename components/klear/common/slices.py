@@ -8,8 +8,10 @@ a merge publishes once every slice's part is there.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import hashlib
+from collections.abc import Iterator
 
 from klear.common import storage
 
@@ -50,6 +52,19 @@ def parse_slice(text: str) -> tuple[int, int]:
 def slice_folder(work: storage.Uri, index: int, count: int) -> storage.Uri:
     """`<work>/slices/<I>-of-<N>`: a slice's lease and what it leaves for the merge."""
     return work.join("slices", f"{index}-of-{count}")
+
+
+@contextlib.contextmanager
+def claim_slice(work: storage.Uri, index: int, count: int, output: object, doing: str) -> Iterator[storage.OutputLease]:
+    """Hold slice I of N's folder for this pod: a second pod on the same slice fails at once, naming the slice
+    (`doing`: what the other pod is doing, e.g. "sampled"); other slices run beside it."""
+    with contextlib.ExitStack() as stack:
+        try:
+            lease = stack.enter_context(storage.claim_output(slice_folder(work, index, count)))
+        except storage.OutputBusyError as exc:
+            raise storage.OutputBusyError(f"slice {index}/{count} of {output} is being {doing} by another pod: "
+                                          f"{exc}") from None
+        yield lease
 
 
 def work_beside(output: storage.Uri) -> storage.Uri:

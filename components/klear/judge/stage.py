@@ -44,7 +44,7 @@ from klear.common import storage
 from klear.common.data_stage import DataStage, StageOutput
 from klear.common.records import ParquetShardWriter
 from klear.common.sample_rows import SampleInputError, iter_sample_tables
-from klear.common.slices import MergeIncompleteError, add_slice_arguments, parse_slice, slice_folder, slice_of, work_beside
+from klear.common.slices import MergeIncompleteError, add_slice_arguments, claim_slice, parse_slice, slice_folder, slice_of, work_beside
 from klear.judge.config import JudgeConfig
 from klear.judge.io import JUDGE_COLUMNS, ScoreStore, fingerprint, judgement_columns, settings_key
 from klear.judge.modes import ModeComparison
@@ -315,11 +315,7 @@ def run_slice(part: tuple[int, int], samples: str, problems: str | None, checked
     where = slice_folder(checked.work, index, count)
     key = settings_key(config)
     with contextlib.ExitStack() as stack:
-        try:  # a second pod on the same slice fails here, at once; other slices run beside it
-            lease = stack.enter_context(storage.claim_output(where))
-        except storage.OutputBusyError as exc:
-            raise storage.OutputBusyError(f"slice {index}/{count} of {checked.uri} is being judged by another pod: "
-                                          f"{exc}") from None
+        lease = stack.enter_context(claim_slice(checked.work, index, count, checked.uri, "judged"))
         digest = inputs_digest(samples, problems)
         judge = stack.enter_context(Judge(config))
         store = ScoreStore(str(checked.work), key)  # always saved: the merge reads them

@@ -55,7 +55,7 @@ import pyarrow.compute as pc
 from klear.common import storage
 from klear.common.data_stage import DataStage
 from klear.common.records import ParquetShardWriter, RecordError, Source, iter_training_records
-from klear.common.slices import MergeIncompleteError, add_slice_arguments
+from klear.common.slices import MergeIncompleteError, add_slice_arguments, claim_slice
 from klear.sample.backends.base import Backend, Completion, Request
 from klear.sample.config import SampleConfig
 from klear.sample.progress import Progress, ProgressLogger
@@ -641,12 +641,7 @@ def run_slice(part: tuple[int, int], prompts: Sequence[str], out: storage.Uri, a
     total = sum(own_counts)
     where = area.slice_uri(index, count)
     with contextlib.ExitStack() as stack:
-        # A second pod on the same slice fails here, at once; other slices run beside it.
-        try:
-            stack.enter_context(storage.claim_output(where))
-        except storage.OutputBusyError as exc:
-            raise storage.OutputBusyError(f"slice {index}/{count} of {out} is being sampled by another pod: {exc}"
-                                          ) from None
+        stack.enter_context(claim_slice(area.uri, index, count, out, "sampled"))
         backend, settings, digest, published = start_engine(stack, kind, config, model, endpoint, served_model, out, area)
         if published is not None and published["units_digest"] == units_digest and published["failed"] == 0:
             log.info("%s already holds every unit of this run; slice %d/%d has nothing to do", out, index, count)

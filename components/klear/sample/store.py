@@ -37,6 +37,7 @@ import pyarrow.parquet as pq
 
 from klear.common import storage
 from klear.common.sample_rows import SAMPLE_SCHEMA
+from klear.common.slices import slice_folder
 from klear.sample.backends.base import Completion
 from klear.sample.reasoning import render
 
@@ -156,7 +157,7 @@ class WorkArea:
 
     def slice_uri(self, index: int, count: int) -> storage.Uri:
         """The folder of slice `index` of `count`: its lease (one pod per slice), failed units and report."""
-        return self.uri.join("slices", f"{index}-of-{count}")
+        return slice_folder(self.uri, index, count)
 
     def write_slice_failed(self, index: int, count: int, rows: Sequence[dict[str, Any]]) -> None:
         table = pa.Table.from_pylist(list(rows), schema=SLICE_FAILED_SCHEMA)
