@@ -789,6 +789,13 @@ class Manifest:
             raise StorageError(f"{origin}: corrupt manifest ({exc})") from None
 
 
+def file_entries(root: Path) -> dict[str, dict[str, Any]]:
+    """Relative path -> {"size", "sha256"} of every file under `root` (a manifest or lease file aside), sorted, as a
+    manifest lists them."""
+    files = sorted(p for p in root.rglob("*") if p.is_file() and p.name not in (MANIFEST_NAME, LEASE_NAME))
+    return {p.relative_to(root).as_posix(): {"size": p.stat().st_size, "sha256": sha256_file(p)} for p in files}
+
+
 def publish_dir(local_dir: str | Path, dest: str | Uri, meta: dict[str, Any] | None = None,
                 complete: Callable[[dict[str, dict[str, Any]]], dict[str, dict[str, Any]]] | None = None) -> Manifest:
     """Publish every file under `local_dir` to `dest`, then the manifest, last; `dest` then holds exactly the
@@ -802,8 +809,7 @@ def publish_dir(local_dir: str | Path, dest: str | Uri, meta: dict[str, Any] | N
     """
     root = Path(local_dir)
     loc = Uri.parse(dest)
-    files = sorted(p for p in root.rglob("*") if p.is_file() and p.name not in (MANIFEST_NAME, LEASE_NAME))
-    entries = {p.relative_to(root).as_posix(): {"size": p.stat().st_size, "sha256": sha256_file(p)} for p in files}
+    entries = file_entries(root)
     with claim_output(loc) as lease:  # re-enters the caller's claim when there is one
         lease.verify()  # a run whose lease was taken over during its work must not touch the output
         _refuse_other_stage(loc, (meta or {}).get("stage"), "output")

@@ -215,12 +215,6 @@ def _snapshot(source: Path, target: Path) -> None:
             shutil.copy2(path, dest)
 
 
-def file_entries(root: Path) -> dict[str, dict[str, Any]]:
-    """Relative path -> {"size", "sha256"} of every file under `root`, as a manifest lists them."""
-    return {p.relative_to(root).as_posix(): {"size": p.stat().st_size, "sha256": storage.sha256_file(p)}
-            for p in sorted(root.rglob("*")) if p.is_file()}
-
-
 def node_ranks(first_rank_of: list[int]) -> dict[int, list[int]]:
     """Node (named by its first global rank) -> its ranks, given the first rank of every rank's node."""
     nodes: dict[int, list[int]] = {}
@@ -309,7 +303,7 @@ class CheckpointUploader(TrainerCallback):
         uri = checkpoint_uri(self.output, step)
         record: dict[str, Any] = {"token": token, "ranks": ranks}
         try:
-            files = file_entries(snapshot)
+            files = storage.file_entries(snapshot)
             storage.delete(uri.join(storage.MANIFEST_NAME))  # an earlier publish of this step is not complete now
             for name in files:
                 storage.upload_file(snapshot / name, uri.join(name))
