@@ -87,6 +87,8 @@ def start(workdir: Path, timeout: float = 60.0) -> SeaweedS3:
         f"-master.port={ports['master']}", f"-volume.port={ports['volume']}", f"-filer.port={ports['filer']}",
         f"-s3.port={ports['s3']}", f"-admin.port={ports['admin']}",
         f"-s3.port.iceberg={base + 5}", f"-s3.port.lance={base + 6}", "-s3.autoCreateBucket=false",
+        # Each bucket takes ~8 volumes; the default cap (free disk / volume size) varies with the machine's disk.
+        "-volume.max=1000",
     ]
     with open(log_path, "wb") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=workdir, start_new_session=True)

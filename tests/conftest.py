@@ -43,13 +43,21 @@ def s3_env(s3_server: s3server.SeaweedS3, monkeypatch: pytest.MonkeyPatch) -> di
 
 
 @pytest.fixture()
-def s3_bucket(s3_env: dict[str, str]) -> str:
-    """A new, empty bucket; returns its s3:// URI prefix."""
+def s3_bucket(s3_env: dict[str, str]) -> Iterator[str]:
+    """A new, empty bucket; yields its s3:// URI prefix, then deletes it with its objects.
+
+    Deleting matters: SeaweedFS gives every bucket its own volumes, and a session that kept ~50 buckets ran out
+    of them ("No writable volumes and no free volumes left"), failing whichever tests came last.
+    """
     import boto3
 
     name = f"klear-test-{os.getpid()}-{next(_bucket_numbers)}"
-    boto3.client("s3", endpoint_url=s3_env["AWS_ENDPOINT_URL"], region_name="us-east-1").create_bucket(Bucket=name)
-    return f"s3://{name}"
+    endpoint = s3_env["AWS_ENDPOINT_URL"]
+    boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(Bucket=name)
+    yield f"s3://{name}"
+    bucket = boto3.resource("s3", endpoint_url=endpoint, region_name="us-east-1").Bucket(name)
+    bucket.objects.all().delete()
+    bucket.delete()
 
 
 def free_port() -> int:
