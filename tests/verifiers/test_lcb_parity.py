@@ -1,5 +1,5 @@
 """LiveCodeBench parity: programs on which this harness and lcb_runner are known to disagree, judged under
-both code rules (verifier.code_rules strict and official), with the verdict lcb_runner's run_test gives and why.
+every code rule (verifier.code_rules strict, official and runner), with the verdict lcb_runner's run_test gives and why.
 
 Each case: (name, program, tests, fn_name, strict verdict, official verdict, lcb_runner verdict, reason). A verdict
 is "passed" or the first failing test's: wrong_answer, runtime_error, timeout, memory_limit. Where lcb_runner's
@@ -65,11 +65,13 @@ CASES = [
     ("stdin_buffer_iterate", "import sys\nprint(sum(int(x) for x in sys.stdin.buffer))", [S("1\n2\n", "3")],
      None, P, P, RE, "the mock's buffer is not iterable (runner bug)"),
     ("stdin_open_0", "print(open(0).read().split()[1])", [S("x y\n", "y")],
-     None, P, P, P, "the runner patches open() to return the input"),
+     None, P, P, RE, "the helper imports bind `open` (from builtins import *) before the runner patches builtins.open: "
+                     "open(0) reads the runner's own stdin, empty in a batch run (IndexError; its run_test, stdin /dev/null)"),
     ("stdin_input_until_eof", "out = []\nwhile True:\n    try:\n        out.append(input())\n    except EOFError:\n"
      "        break\nprint(len(out))", [S("a\nb\nc\n", "3")], None, P, P, P, "input() raises EOFError at the end in both"),
     ("stdin_os_read", "import os\nprint(os.read(0, 100).decode().split()[0])", [S("7 8\n", "7")],
-     None, P, P, WA, "os.read(0) reads the runner's real stdin, not the test input (runner artifact)"),
+     None, P, P, RE, "os.read(0) reads the runner's own stdin, not the test input: empty in a batch run (IndexError; "
+                     "its run_test, stdin /dev/null)"),
     # --- program structure ---
     ("global_counter_stdin", "count = 0\ndef bump():\n    global count\n    count += 1\nfor _ in range(int(input())):\n"
      "    bump()\nprint(count)", [S("3\n", "3")],
@@ -172,7 +174,7 @@ def _verdict(verifier: CodeVerifier, case: tuple) -> str:
 @pytest.fixture(scope="module")
 def verdicts() -> dict[str, dict[str, str]]:
     out: dict[str, dict[str, str]] = {}
-    for rules in ("strict", "official"):
+    for rules in ("strict", "official", "runner"):
         # 3 s per test: a 50,000-frame RecursionError takes over a second on a loaded CI core
         config = VerifierConfig(code_rules=rules, code_workers=2, timeout_s=3.0, memory_mb=1024)
         with SandboxPool(config) as pool:
@@ -190,10 +192,38 @@ def test_corpus_is_large_and_explained() -> None:
     assert any(c[4] != c[5] for c in CASES) and any(c[5] != c[6] for c in CASES)
 
 
+# Where code_rules runner does not give lcb_runner's verdict: its verdict here, and why.
+RUNNER_RULES_DIFFER = {
+    "memory_1500mb": (MLE, "runner rules keep memory_mb: the runner has no limit at all"),
+    "functional_global_counter": (P, "call-based tests still run each in a fresh process: no state shared "
+                                     "between tests"),
+}
+
+
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_parity_case(case: tuple, verdicts: dict[str, dict[str, str]]) -> None:
     name, *_, strict, official, runner, reason = case
     assert (verdicts["strict"][name], verdicts["official"][name]) == (strict, official), reason
+    expected_runner, why = RUNNER_RULES_DIFFER.get(name, (runner, reason))
+    assert verdicts["runner"][name] == expected_runner, why
+
+
+def test_runner_rules_change_scores_where_the_runner_is_wrong() -> None:
+    """Runner rules reproduce lcb_runner's own artifacts on the corpus: most cases where it differs from the
+    official rules (and so from a correct harness) get its verdict, which is why the option exists."""
+    differing = [c[0] for c in CASES if c[5] != c[6]]
+    assert len(differing) >= 10
+    assert len(set(differing) - set(RUNNER_RULES_DIFFER)) >= len(differing) - 2
+
+
+def test_lcb_runner_source_wraps_as_the_runner_does() -> None:
+    from klear.verifiers._zygote import lcb_runner_source
+
+    source = lcb_runner_source("import sys\nx = 1\nif __name__ == '__main__':\n    print(x)")
+    assert source.startswith("import sys\n") and "def wrapped_function():" in source and "__name__" not in source
+    kept = lcb_runner_source("x = 1\nif '__main__' == __name__:\n    print(x)")  # reversed: not unwrapped
+    assert "if '__main__' == __name__:" in kept
+    assert lcb_runner_source("def (:") == "def (:"  # does not parse: left as is
 
 
 def test_offered_packages_are_read_only_and_alone() -> None:

@@ -459,11 +459,14 @@ def code_judging(verifier: VerifierConfig) -> str:
     common = (f"public + private tests; mode {verifier.code_mode}; {verifier.timeout_s:g} s per test; "
               f"{verifier.memory_mb} MB; each test in a fresh confined process with real stdin; correct only if every "
               f"test passes; tests per problem: {'all' if verifier.max_tests is None else verifier.max_tests}")
-    if verifier.code_rules == "official":
-        return ("rules official (lcb_runner): the last fenced block of the raw output, finish reason ignored; " + common +
-                "; lines equal as text or as Decimal lists; call-based results compared with == in-process; "
-                f"SystemExit ignored; ints print up to 50,000 digits; importable: {', '.join(verifier.official_packages)} "
-                "(those installed)")
+    if verifier.lcb_rules:
+        artifacts = ("; stdin programs run as lcb_runner runs them (wrapped in a function, its mocked stdin: no "
+                     "iteration, buffer.readline the first line; stdout captured without .buffer)"
+                     if verifier.code_rules == "runner" else "")
+        return (f"rules {verifier.code_rules} (lcb_runner): the last fenced block of the raw output, finish reason "
+                "ignored; " + common + "; lines equal as text or as Decimal lists; call-based results compared with == "
+                f"in-process; SystemExit ignored; ints print up to 50,000 digits; importable: "
+                f"{', '.join(verifier.official_packages)} (those installed)" + artifacts)
     return (f"rules strict: last ```python block after {verifier.think_end!r}, truncated responses wrong; " + common +
             "; output compared token by token (numbers as numbers); standard library only")
 

@@ -67,7 +67,7 @@ def prepare(response: str, finish_reason: str | None, problem: Problem | None,
     if kind == "math" and verifier.math_mode == "official":  # released judge_math.py: whole response, any finish
         assert problem.answer is not None
         return {"kind": "math", "gold": problem.answer, "answer": response, "official": True}, None
-    if kind == "code" and verifier.code_rules == "official":  # lcb_runner: last fenced block of the raw output, any finish
+    if kind == "code" and verifier.lcb_rules:  # lcb_runner: last fenced block of the raw output, any finish
         official_program = extract_program_lcb(response)
         if official_program is None:
             return Judgement(kind, False, 0.0, "no_program", 0, total)

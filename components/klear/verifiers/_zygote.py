@@ -224,6 +224,7 @@ def _run_program(job: dict, state: dict, workdir: str) -> None:
     sys.stdout = sys.__stdout__ = open(1, "w", encoding="utf-8", closefd=False)  # type: ignore[misc]
     sys.stderr = sys.__stderr__ = open(2, "w", encoding="utf-8", closefd=False)  # type: ignore[misc]
     code = 0
+    official = job.get("rules") in ("official", "runner")  # runner: official plus lcb_runner's artifacts
     try:
         # The helper imports were executed once in the zygote; this child has its own (copy-on-write)
         # copy of that namespace, so it is used as is (copying would touch every object's refcount).
@@ -231,12 +232,14 @@ def _run_program(job: dict, state: dict, workdir: str) -> None:
         namespace.update(__name__="__main__", __builtins__=builtins, stdin=sys.stdin, stdout=sys.stdout,
                          stderr=sys.stderr)
         sys.setrecursionlimit(50000)
-        official = job.get("rules") == "official"
         if official:
             sys.set_int_max_str_digits(50000)  # lcb_runner's compute_code_generation_metrics raises the limit
             if job["fn_name"] is not None:
                 namespace["__name__"] = "tmp_sol"  # lcb_runner imports call-based code as a module: no main block
-        exec(compile(job["code"], "<solution>", "exec"), namespace)
+        if job.get("rules") == "runner" and job["fn_name"] is None:
+            _run_as_lcb_runner(job["code"], namespace)
+        else:
+            exec(compile(job["code"], "<solution>", "exec"), namespace)
         if job["fn_name"] is not None and official:
             _call_official(job, namespace)
         elif job["fn_name"] is not None:
@@ -248,7 +251,7 @@ def _run_program(job: dict, state: dict, workdir: str) -> None:
             if thread is not threading.main_thread() and not thread.daemon:
                 thread.join()
     except SystemExit as exc:  # official: lcb_runner swallows SystemExit, whatever its code
-        code = 0 if exc.code in (None, 0) or job.get("rules") == "official" else 1
+        code = 0 if exc.code in (None, 0) or official else 1
     except MemoryError:
         code = EXIT_MEMORY
     except BaseException:  # noqa: BLE001 - any exception of the program is a runtime error
@@ -265,6 +268,98 @@ def _run_program(job: dict, state: dict, workdir: str) -> None:
     except BaseException:  # noqa: BLE001
         code = code or 1
     os._exit(code)
+
+
+def lcb_runner_source(code: str) -> str:
+    """The program as lcb_runner's grade_stdio compiles it (clean_if_name, then make_function): a last statement
+    `if __name__ == '__main__':` (in that spelling) replaced by its body, then every top-level statement but the
+    imports moved into `def wrapped_function():`. Code that does not parse is returned as is."""
+    import ast
+
+    try:
+        body = ast.parse(code).body
+    except SyntaxError:
+        return code
+    if body and isinstance(body[-1], ast.If) and ast.unparse(body[-1].test).strip() == "__name__ == '__main__'":
+        body = body[:-1] + body[-1].body
+    imports = [stmt for stmt in body if isinstance(stmt, (ast.Import, ast.ImportFrom))]
+    rest = [stmt for stmt in body if not isinstance(stmt, (ast.Import, ast.ImportFrom))]
+    no_args = ast.arguments(posonlyargs=[], args=[], kwonlyargs=[], kw_defaults=[], defaults=[])
+    wrapped = ast.FunctionDef(name="wrapped_function", args=no_args, body=rest, decorator_list=[], lineno=1)
+    return ast.unparse(ast.Module(body=[*imports, wrapped], type_ignores=[]))
+
+
+class _LcbRunnerStdin:
+    """sys.stdin as lcb_runner's call_method mocks it: read() is the whole input on every call, readline() reads
+    lines, readlines() is input.split("\n") (an empty last line after a final newline), no iteration; the rest
+    (fileno, so input() reads through readline) of an in-memory text stream."""
+
+    def __init__(self, text: str):
+        import io
+
+        self._text, self._stream, self.buffer = text, io.StringIO(text), _LcbRunnerStdinBuffer(text.encode())
+
+    def read(self, *args: object) -> str:
+        return self._text
+
+    def readline(self, *args: object) -> str:
+        return self._stream.readline(*args)  # type: ignore[arg-type]
+
+    def readlines(self, *args: object) -> list[str]:
+        return self._text.split("\n")
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._stream, name)
+
+
+class _LcbRunnerStdinBuffer:
+    """sys.stdin.buffer as lcb_runner mocks it: read() is the whole input, readline() always the first line."""
+
+    def __init__(self, data: bytes):
+        self._data = data
+
+    def read(self, *args: object) -> bytes:
+        return self._data
+
+    def readline(self, *args: object) -> bytes:
+        return self._data.split(b"\n")[0] + b"\n"
+
+
+def _run_as_lcb_runner(code: str, namespace: dict) -> None:
+    """A stdin program run as lcb_runner runs it (code_rules runner): compiled as `lcb_runner_source`, in module
+    tmp_sol, then wrapped_function() called with the mocked stdin, open() returning the input, and stdout
+    captured in a StringIO (no .buffer); SystemExit ends the call quietly. The process's own fds 0 and 1 lead
+    nowhere meanwhile, so os.read(0), os.write(1) and streams bound at import miss the test, as there. The
+    captured text is what the harness compares."""
+    import builtins
+    import io
+
+    text = sys.stdin.read()
+    result_fd = os.dup(1)
+    for fd, flags in ((0, os.O_RDONLY), (1, os.O_WRONLY)):
+        null = os.open(os.devnull, flags)
+        os.dup2(null, fd)
+        os.close(null)
+    captured = io.StringIO()
+    try:
+        namespace["__name__"] = "tmp_sol"
+        exec(compile(lcb_runner_source(code), "<solution>", "exec"), namespace)
+        wrapped = namespace.get("wrapped_function")
+        if wrapped is None:  # the runner's compile step fails: every test is an error
+            raise RuntimeError("lcb_runner: no wrapped_function (the program does not parse)")
+        saved = sys.stdin, sys.stdout, builtins.open
+        sys.stdin, sys.stdout = _LcbRunnerStdin(text), captured
+        builtins.open = lambda *args, **kwargs: io.StringIO(text)  # type: ignore[assignment]
+        try:
+            wrapped()
+        except SystemExit:
+            pass
+        finally:
+            sys.stdin, sys.stdout, builtins.open = saved
+    finally:
+        data = memoryview(captured.getvalue().encode("utf-8", "replace"))
+        while data:
+            data = data[os.write(result_fd, data):]
 
 
 def _call_official(job: dict, namespace: dict) -> None:

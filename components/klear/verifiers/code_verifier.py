@@ -185,12 +185,13 @@ class TestCase:
 
 
 def verdict_of(run: RunResult, test: TestCase, rules: str = "strict") -> Verdict:
-    """Verdict of one run against its test, under the strict or the official (lcb_runner's) comparison."""
+    """Verdict of one run against its test, under the strict or lcb_runner's comparison (official, runner)."""
+    lcb = rules in ("official", "runner")
     if run.status != "ok":
         return run.status  # type: ignore[return-value]
     if test.testtype == "functional":  # official: the sandboxed process compared the value itself
-        ok = run.result == b"true" if rules == "official" else compare_functional(run.result, test.output)
-    elif rules == "official":
+        ok = run.result == b"true" if lcb else compare_functional(run.result, test.output)
+    elif lcb:
         ok = compare_stdout_lcb(run.stdout.decode("utf-8", "replace"), test.output)
     else:
         ok = compare_stdout(run.stdout.decode("utf-8", "replace"), test.output)
@@ -265,7 +266,7 @@ class CodeVerifier:
 
     def verify_response(self, response: str, tests: list[TestCase], fn_name: str | None = None,
                         mode: Literal["all", "first-failure"] | None = None, problem_id: str = "") -> CodeResult:
-        if self.config.code_rules == "official":
+        if self.config.lcb_rules:
             program = extract_program_lcb(response)
         else:
             program = extract_program(response, self.config.think_end, self.config.require_think_end)

@@ -36,7 +36,10 @@ class VerifierConfig(StageConfig):
     # (extract_code, run_test): the last fenced block of the raw output whatever the finish reason, output lines
     # equal as text or as lists of Decimals, `official_packages` importable (read-only), ints printed up to 50,000
     # digits. Both run each test in a fresh confined process with real stdin (see README, LiveCodeBench parity).
-    code_rules: Literal["strict", "official"] = "strict"
+    # runner: official plus lcb_runner's own execution artifacts, to reproduce its scores: stdin programs wrapped
+    # in a function, its mocked stdin (no iteration, readlines with an empty last line, buffer.readline the
+    # first line), stdout captured without .buffer, os.read(0)/os.write(1) missing the test.
+    code_rules: Literal["strict", "official", "runner"] = "strict"
     # LiveCodeBench's environment (its uv.lock) has these; those installed beside the verifier are offered.
     official_packages: list[str] = pydantic.Field(
         default_factory=lambda: ["numpy", "scipy", "pandas", "sympy", "networkx", "regex"])
@@ -52,6 +55,11 @@ class VerifierConfig(StageConfig):
     slot_uid_base: int | None = pydantic.Field(61000, ge=1000)  # when root: slot i runs as uid base + i
     # Development machines only: run with whatever of Landlock/seccomp the kernel offers, loudly logged.
     allow_unconfined: bool = False
+
+    @property
+    def lcb_rules(self) -> bool:
+        """lcb_runner's extraction, comparison and packages (code_rules official or runner)."""
+        return self.code_rules in ("official", "runner")
 
 
 def worker_verifier(verifier: VerifierConfig, index: int, workers: int, cores: int) -> VerifierConfig:

@@ -276,7 +276,7 @@ class SandboxPool:
         # Official rules: LiveCodeBench's packages, read-only, through a per-slot folder of links.
         site_packages: list[tuple[str, str]] = []
         missing: list[str] = []
-        if self.config.code_rules == "official" and self.config.official_packages:
+        if self.config.lcb_rules and self.config.official_packages:
             site_packages, missing = package_trees(self.config.official_packages)
             if missing:
                 log.warning("sandbox: official_packages not installed here, so not importable: %s", ", ".join(missing))
