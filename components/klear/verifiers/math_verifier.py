@@ -15,7 +15,8 @@ from klear.common.parallel import resolve_workers
 from klear.common.workers import WorkerPool
 from klear.verifiers.config import VerifierConfig
 
-__all__ = ["Extraction", "MathResult", "MathVerifier", "extract_answer", "find_boxes", "format_ok", "judge_official"]
+__all__ = ["Extraction", "MathResult", "MathVerifier", "extract_answer", "find_boxes", "format_ok", "judge_official",
+           "official_window_start", "parse_official"]
 
 _BOX_COMMANDS = ("\\boxed", "\\fbox")
 START_TIMEOUT_S = 60.0  # a worker imports math-verify (and sympy) before it says ready
@@ -113,6 +114,48 @@ def format_ok(response: str, think_start_in_prompt: bool = False) -> bool:
     return text.index(THINK_CLOSE) > len(THINK_OPEN)
 
 
+def _first_final_answer(text: str) -> int:
+    """Where math-verify's `(?i:final answer)` anchor first occurs in `text`, or -1."""
+    if text.isascii():  # ASCII case folding is all re.IGNORECASE does here, and lower() is ~10x faster on long text
+        return text.lower().find("final answer")
+    import re
+
+    found = re.search("(?i:final answer)", text)
+    return found.start() if found else -1
+
+
+def official_window_start(response: str) -> int:
+    """Where a tail window of `response` can begin so that math-verify's anchored extraction finds exactly the
+    matches it finds in the whole response; 0 when no such start exists (the whole response is read).
+
+    The anchored patterns (math-verify 0.9's priorities 0 and 50) all start with "final answer" or contain
+    `\\boxed{` inside a delimiter pair. A prefix without "final answer", `\\boxed` or `$$`, whose last `\\[` is
+    closed by `\\]` within it, and which ends with a newline, can neither hold such a match nor be part of
+    one (inline delimiters stop at a newline, `$$` and `\\[` content at the next `$$` and `\\]`), and the
+    newline leaves every lookbehind at the window's first character as it is in the whole response. The window
+    must not start with `[`: the `\\s\\[` delimiter would take the newline before it.
+    """
+    limit = len(response)
+    for barrier in ("\\boxed", "$$"):
+        found = response.find(barrier)
+        if found != -1:
+            limit = min(limit, found)
+    found = _first_final_answer(response[:limit])
+    if found != -1:
+        limit = found
+    start = response.rfind("\n", 0, limit) + 1
+    while start > 0:
+        if response.startswith("[", start):
+            start = response.rfind("\n", 0, start - 1) + 1
+            continue
+        bracket = response.rfind("\\[", 0, start)
+        if bracket != -1 and response.find("\\]", bracket + 2, start) == -1:  # a display could run into the window
+            start = response.rfind("\n", 0, bracket) + 1
+            continue
+        break
+    return start
+
+
 # --- judging (runs in worker processes) ------------------------------------------------------------
 _gold_cache: dict[str, list] = {}
 
@@ -151,15 +194,55 @@ def judge(gold: str, answer: str, boxed: bool, timeout: int) -> bool:
 
 
 _official_gold_cache: dict[str, list] = {}
+_ANCHORED_PRIORITY = 50  # math-verify's "final answer ... I hope" (0), "final answer ... is" and \boxed (50)
+_anchored_regexes: list | None = None
+
+
+def _parse_anchored(window: str, timeout: int) -> list:
+    """math-verify's extraction with only its anchored patterns, under its own timeout; [] if it raised."""
+    global _anchored_regexes
+    from math_verify import ExprExtractionConfig, LatexExtractionConfig
+    from math_verify.errors import TimeoutException
+    from math_verify.parser import extract_target_from_pred, get_extraction_regexes
+    from math_verify.utils import timeout as with_timeout
+
+    if _anchored_regexes is None:  # parse()'s default targets, priority groups after 50 left out
+        _anchored_regexes = [([(regex, priority) for regex, priority in regexes if priority <= _ANCHORED_PRIORITY], target)
+                             for regexes, target in get_extraction_regexes([LatexExtractionConfig(), ExprExtractionConfig()])]
+    try:
+        return with_timeout(timeout)(extract_target_from_pred)(window, _anchored_regexes, fallback_mode="first_match",
+                                                                extraction_mode="any_match")
+    except (Exception, TimeoutException):  # noqa: BLE001 - the caller then parses the whole response, as parse() would
+        return []
+
+
+def parse_official(response: str, timeout: int) -> list:
+    """math-verify's `parse(response)`, reading only a tail window where that gives the same result.
+
+    math-verify tries its pattern groups in priority order and stops at the first that extracts; its regexes
+    over a whole 30,000-character response cost ~5 ms. From `official_window_start` on, the anchored groups
+    (0 and 50: "final answer", `\\boxed`) match in the window exactly as in the whole response, so when they
+    extract (an answer and its string) the later groups are never tried and the result is the whole response's.
+    Otherwise (no box, only an answer without a match, a barrier early on) the whole response is parsed.
+    """
+    from math_verify import parse
+
+    start = official_window_start(response)
+    if start > 0:
+        pred = _parse_anchored(response[start:], timeout)
+        if len(pred) == 2:  # an extraction and its string: math-verify stopped in an anchored group
+            return pred
+    return parse(response, parsing_timeout=timeout)
 
 
 def judge_official(gold: str, response: str, timeout: int) -> tuple[bool, str | None]:
     """The released judge_math.py's verdict on a whole response: math-verify parses all of it (the thought too;
     its extraction takes the last \\boxed{} anywhere, else the last number), a string match with the gold first,
-    then math-verify's equivalence. Returns (correct, the answer math-verify extracted or None)."""
+    then math-verify's equivalence (parse_official: the whole response's parse, from a tail window where it can).
+    Returns (correct, the answer math-verify extracted or None)."""
     from math_verify import parse, verify
 
-    pred = parse(response, parsing_timeout=timeout)
+    pred = parse_official(response, timeout)
     if len(pred) < 2:  # nothing extracted
         return False, None
     extracted, gold = str(pred[1]), gold.strip()
