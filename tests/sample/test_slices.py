@@ -286,3 +286,57 @@ def test_the_merge_orders_rows_the_same_when_buckets_spill_to_disk(tmp_path: Pat
     assert written["memory"] == written["spilled"]
     assert [(r["id"], r["sample"], r["answer"]) for r in written["memory"]] == \
         [(f"p{i}", j, f"a{i}") for i in range(30) for j in (0, 1)]
+
+
+def test_unit_keys_are_held_in_a_few_bytes_each_and_looked_up_in_batches(tmp_path: Path, monkeypatch) -> None:
+    """What a paper-scale coordinator and merge hold per unit: a writer's own index and a scan's keys code names
+    (shard, id, prompt hash) as dictionaries, a few bytes per unit, not a string per row; an index written by an
+    earlier version (plain strings) still reads; looking the keys up in batches chooses what one lookup does."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from klear.sample import stage
+    from klear.sample.store import WRITER_INDEX_SCHEMA
+    from klear.sample.units import Plan
+    from tests.sample.test_store import _done, _prompt
+
+    prompts = [_prompt(i) for i in range(60)]
+    work = tmp_path / "work"
+    area = WorkArea(str(work), compact_every=3)
+    area.writer = "20260101T000000-aaaa"
+    for start in range(0, 60, 4):  # 15 shards of 64 units: segments, then one index of all
+        area.write_shard([_done(prompts[i], j, "a") for i in range(start, start + 4) for j in range(16)])
+    area.compact(final=True)
+    held = sum(table.nbytes for table in area._written)
+    assert held / 960 < 24  # a shard name per row alone is 28 bytes here
+    other = WorkArea(str(work))
+    other.writer = "20260101T000001-bbbb"
+    other.write_shard([_done(prompts[0], 0, "second copy"), _done(prompts[59], 16, "beyond n")])
+    # An earlier version's writer index: names as plain strings.
+    earlier = pa.table({"shard": ["20251231T000000-cccc-000000"] * 2, "row": pa.array([0, 1], pa.int32()),
+                        "id": ["p60", "p60"], "sample": pa.array([0, 1], pa.int32()),
+                        "prompt_hash": [_prompt(60).hash] * 2}, schema=WRITER_INDEX_SCHEMA)
+    pq.write_table(earlier, work / "index" / "20251231T000000-cccc.parquet")
+    WorkArea(str(work)).write_table("20251231T000000-cccc-000000",
+                                    pa.Table.from_pylist([_row(_done(_prompt(60), j, "old")) for j in (0, 1)],
+                                                         schema=stage.SCHEMA))
+    (work / "index" / "20251231T000000-cccc-000000.json").unlink()  # covered by the writer index
+    scan = WorkArea(str(work)).scan()
+    assert scan.keys.num_rows == 964 and scan.keys.nbytes / scan.keys.num_rows < 28
+    assert pa.types.is_dictionary(scan.keys.schema.field("id").type)
+    assert ("p60", 1) in scan.done and scan.duplicates == 1 and scan.objects == 5  # 3 of a, the earlier, b's shard
+    plan = Plan.of([*prompts, _prompt(60)], [16] * 61)
+    whole = stage.choose(plan, scan)
+    monkeypatch.setattr(stage, "LOCATE_ROWS", 7)
+    batched = stage.choose(plan, scan)
+    for field in ("positions", "shard", "row"):
+        assert np.array_equal(getattr(whole, field), getattr(batched, field))
+    assert len(whole.positions) == 962 and (whole.dropped, whole.duplicates) == (2, 1)
+    assert whole.shards[int(whole.shard[0])].startswith(area.writer)  # the first copy by shard name
+
+
+def _row(completion):
+    from klear.sample.store import completion_row
+
+    return completion_row(completion)

@@ -303,12 +303,23 @@ class Chosen:
 def choose(plan: Plan, scan: Scan) -> Chosen:
     """Match what the work area holds against the run's units: each wanted unit once, the first shard by name."""
     keys = scan.keys
-    positions = plan.locate(keys.column("id"), keys.column("sample"), keys.column("prompt_hash"))
+    # In batches: the lookup's temporaries (decoded ids and hashes) stay a fixed size, not a few per unit.
+    located = [plan.locate(_decoded(batch.column("id")), batch.column("sample"), _decoded(batch.column("prompt_hash")))
+               for batch in keys.to_batches(LOCATE_ROWS)]
+    positions = np.concatenate(located) if located else np.zeros(0, np.int64)
+    del located
     shard, row = np.asarray(keys.column("shard"), np.int32), np.asarray(keys.column("row"), np.int32)
     kept = first_copies(positions, shard)
     pa.default_memory_pool().release_unused()  # the keys' temporaries: back to the system, not held as RSS
     return Chosen(plan, scan.shards, positions[kept], shard[kept], row[kept], dropped=keys.num_rows - len(kept),
                   duplicates=int(np.count_nonzero(positions >= 0)) - len(kept))
+
+
+LOCATE_ROWS = 1 << 18  # unit keys looked up at once
+
+
+def _decoded(column: pa.Array) -> pa.Array:
+    return column.dictionary_decode() if isinstance(column, pa.DictionaryArray) else column
 
 
 def positions_of(plan: Plan, keys: Sequence[tuple[str, int, str]]) -> np.ndarray:
@@ -506,6 +517,9 @@ def run(prompts: Sequence[str], output: str, config: SampleConfig, model: str | 
     `slice_spec` "I/N": sample only the prompts of slice I of N into the work area, publish nothing (run_slice);
     `merge`: sample nothing, publish what the slices sampled once every unit is done or failed (run_merge)."""
     started = time.monotonic()
+    # Arrow's default pool (mimalloc) keeps freed buffers resident: the work area's keys and the merge's buckets
+    # would stay in RSS after use. The system allocator returns them (tens of millions of units at paper scale).
+    pa.set_memory_pool(pa.system_memory_pool())
     if slice_spec is not None and merge:
         raise ValueError("--slice and --merge exclude each other: slices sample, the merge publishes")
     part = parse_slice(slice_spec) if slice_spec is not None else None
@@ -527,7 +541,9 @@ def run(prompts: Sequence[str], output: str, config: SampleConfig, model: str | 
         return run_slice(part, prompts, out, area, config, kind, items, counts, digest_of_units, model, endpoint,
                          served_model, started)
     if merge:
-        return run_merge(checked, area, config, kind, items, plan, digest_of_units, served_model, prompts, started)
+        n_prompts = len(items)
+        del items  # the merge needs the plan's arrays, not a Python object per prompt
+        return run_merge(checked, area, config, kind, n_prompts, plan, digest_of_units, served_model, prompts, started)
     total = plan.total
     with contextlib.ExitStack() as stack:
         # One writer per output: a second run (a retried pod while the first still runs) fails here, at once.
@@ -735,7 +751,7 @@ def merge_failed(plan: Plan, done: np.ndarray, failed: pa.Table) -> tuple[np.nda
     return where[keep], rows  # few: failures are bounded by max_failed_fraction
 
 
-def run_merge(checked: Any, area: WorkArea, config: SampleConfig, kind: str, items: Sequence[Prompt],
+def run_merge(checked: Any, area: WorkArea, config: SampleConfig, kind: str, n_prompts: int,
               plan: Plan, units_digest: str, served_model: str | None,
               prompts: Sequence[str], started: float) -> dict[str, Any]:
     """Publish what the slices sampled, once: refused while any unit is neither in a shard nor failed."""
@@ -782,7 +798,7 @@ def run_merge(checked: Any, area: WorkArea, config: SampleConfig, kind: str, ite
         progress = Progress(total=total, done_before=total - len(failed))
         report = build_report(
             prompts=prompts, output=str(out), work=str(area), backend=RecordedBackend(settings, described),
-            config=config, settings=settings, digest=digest, n_prompts=len(items), total=total,
+            config=config, settings=settings, digest=digest, n_prompts=n_prompts, total=total,
             done_before=total - len(failed), progress=progress, failed=failed, assembled=assembled,
             elapsed=time.monotonic() - started, scan_duplicates=chosen.duplicates, published=True)
         report["slices"] = {r["slice"]: r["units"] for r in ours}

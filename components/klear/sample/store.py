@@ -57,9 +57,13 @@ _KEY_COLUMNS = ["id", "sample", "prompt_hash"]
 # A writer's index: the keys of its shards, by shard name and row.
 WRITER_INDEX_SCHEMA = pa.schema([("shard", pa.string()), ("row", pa.int32()), ("id", pa.string()),
                                  ("sample", pa.int32()), ("prompt_hash", pa.string())])
+# How one is held in memory: names dictionary-coded, a few bytes per unit (an id and hash repeat n times).
+_NAME = pa.dictionary(pa.int32(), pa.string())
+_HELD_INDEX_SCHEMA = pa.schema([("shard", _NAME), ("row", pa.int32()), ("id", _NAME), ("sample", pa.int32()),
+                                ("prompt_hash", _NAME)])
 # What a scan returns: every unit key the shards hold, with its shard (number in name order) and row.
-KEYS_SCHEMA = pa.schema([("id", pa.string()), ("sample", pa.int32()), ("prompt_hash", pa.string()),
-                         ("shard", pa.int32()), ("row", pa.int32())])
+KEYS_SCHEMA = pa.schema([("id", _NAME), ("sample", pa.int32()), ("prompt_hash", _NAME), ("shard", pa.int32()),
+                         ("row", pa.int32())])
 COMPACT_EVERY = 64  # shards between rewrites of a writer's index
 
 
@@ -123,7 +127,8 @@ class Scan:
         """Units held by more than one shard (concurrent writers)."""
         if self.keys.num_rows == 0:
             return 0
-        return self.keys.num_rows - self.keys.group_by(["id", "sample"]).aggregate([]).num_rows
+        plain = pa.table({"id": self.keys.column("id").cast(pa.string()), "sample": self.keys.column("sample")})
+        return self.keys.num_rows - plain.group_by(["id", "sample"]).aggregate([]).num_rows
 
     def hashes(self) -> dict[tuple[str, int], str]:
         return {key: value[0] for key, value in self.done.items()}
@@ -135,7 +140,7 @@ class WorkArea:
         self.writer = new_writer_name()
         self.compact_every = compact_every
         self._seq = 0
-        self._written: list[pa.Table] = []  # this writer's index rows (Arrow, WRITER_INDEX_SCHEMA)
+        self._written: list[pa.Table] = []  # this writer's index rows (Arrow, _HELD_INDEX_SCHEMA)
         self._uncompacted: list[str] = []  # its shards indexed only by their own index
         self._segments: list[str] = []  # its segment indexes since its last whole index
 
@@ -238,33 +243,35 @@ class WorkArea:
         listed = storage.list_files(self.uri.join("index"))
         indexed = set(_stems(listed, ".json"))
         with ThreadPoolExecutor(max_workers=threads) as pool:
-            writers = list(pool.map(self._read_writer_index, _stems(listed, ".parquet")))
+            # Fetched in parallel, decoded here: decoding in many threads leaves each thread's allocator holding
+            # memory that the process keeps as resident.
+            writers = [_held_index(data) for data in pool.map(self._fetch_writer_index, _stems(listed, ".parquet"))]
             covered: set[str] = set()
             for table in writers:
-                covered.update(table.column("shard").unique().to_pylist())
+                for chunk in table.column("shard").chunks:
+                    covered.update(chunk.dictionary.take(pc.unique(chunk.indices)).to_pylist())
             rest = [name for name in shards if name not in covered]
             loose = list(pool.map(lambda name: self._shard_keys(name, name in indexed), rest))
         scan = Scan(shards=shards, repaired=sum(repaired for _, repaired in loose), objects=len(writers) + len(rest))
         numbers = pa.array(shards, pa.string())
         pieces = []
         for table in [*writers, *(keys for keys, _ in loose)]:
-            number = pc.index_in(table.column("shard"), value_set=numbers)  # null: a shard deleted since
-            table = table.set_column(0, "shard", number.cast(pa.int32()))
+            number = _shard_numbers(table.column("shard"), numbers)  # null: a shard deleted since
+            table = table.set_column(0, "shard", number)
             if number.null_count:
                 table = table.filter(pc.is_valid(number))
             pieces.append(table.select(KEYS_SCHEMA.names))  # no copies: tens of millions of keys at paper scale
         scan.keys = pa.concat_tables(pieces) if pieces else KEYS_SCHEMA.empty_table()
         return scan
 
-    def _read_writer_index(self, stem: str) -> pa.Table:
+    def _fetch_writer_index(self, stem: str) -> bytes | None:
         try:
-            data = storage.read_bytes(self.uri.join("index", f"{stem}.parquet"))
+            return storage.read_bytes(self.uri.join("index", f"{stem}.parquet"))
         except FileNotFoundError:  # a segment merged into its writer's index since: its shards are read below
-            return WRITER_INDEX_SCHEMA.empty_table()
-        return pq.read_table(pa.BufferReader(data)).cast(WRITER_INDEX_SCHEMA)
+            return None
 
     def _shard_keys(self, name: str, indexed: bool) -> tuple[pa.Table, bool]:
-        """One shard's keys (WRITER_INDEX_SCHEMA) and whether its index had to be rebuilt."""
+        """One shard's keys (_HELD_INDEX_SCHEMA) and whether its index had to be rebuilt."""
         if indexed:
             try:
                 keys = orjson.loads(storage.read_bytes(self.uri.join("index", f"{name}.json")))
@@ -310,10 +317,28 @@ def is_work_file(rel: str) -> bool:
 
 
 def _writer_index_rows(name: str, table: pa.Table) -> pa.Table:
+    """A shard's keys as a writer index holds them (_HELD_INDEX_SCHEMA; written out, they read as WRITER_INDEX_SCHEMA)."""
     rows = table.num_rows
-    return pa.table([pa.array([name] * rows, pa.string()), pa.array(np.arange(rows, dtype=np.int32)),
-                     *(table.column(c).cast(WRITER_INDEX_SCHEMA.field(c).type) for c in _KEY_COLUMNS)],
-                    schema=WRITER_INDEX_SCHEMA)
+    shard = pa.DictionaryArray.from_arrays(pa.array(np.zeros(rows, np.int32)), pa.array([name], pa.string()))
+    id_, sample, digest = (table.column(c).cast(WRITER_INDEX_SCHEMA.field(c).type) for c in _KEY_COLUMNS)
+    return pa.table([shard, pa.array(np.arange(rows, dtype=np.int32)), pc.dictionary_encode(id_), sample,
+                     pc.dictionary_encode(digest)], schema=_HELD_INDEX_SCHEMA)
+
+
+def _held_index(data: bytes | None) -> pa.Table:
+    """A writer index's bytes as _HELD_INDEX_SCHEMA (empty for None): names read as dictionaries, since a shard name
+    per row would cost more than the rest of the key."""
+    if data is None:
+        return _HELD_INDEX_SCHEMA.empty_table()
+    return pq.read_table(pa.BufferReader(data), read_dictionary=["shard", "id", "prompt_hash"],
+                         use_threads=False).cast(_HELD_INDEX_SCHEMA)
+
+
+def _shard_numbers(shard: pa.ChunkedArray, numbers: pa.Array) -> pa.ChunkedArray:
+    """The number in `numbers` of each row's shard name (null where absent), looked up once per distinct name."""
+    chunks = [pc.index_in(chunk.dictionary, value_set=numbers).take(chunk.indices).cast(pa.int32())
+              for chunk in shard.chunks]
+    return pa.chunked_array(chunks, pa.int32())
 
 
 def _index_bytes(table: pa.Table) -> bytes:

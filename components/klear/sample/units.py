@@ -28,7 +28,7 @@ class DuplicatePromptError(RecordError):
     """Two input rows share a prompt id: which one's samples would a unit be?"""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # slots: a paper-scale run holds millions of prompts
 class Prompt:
     index: int  # position in the input, for ordering
     id: str
