@@ -120,3 +120,23 @@ def test_canonical_hash_ignores_key_order_and_settings_differences_are_named() -
     assert canonical_hash({"a": 1, "b": [1, 2]}) == canonical_hash({"b": [1, 2], "a": 1})
     text = settings_difference({"sampling": {"temperature": 0.6, "seed": 0}}, {"sampling": {"temperature": 0.7, "seed": 0}})
     assert text == "sampling.temperature: 0.6 -> 0.7"
+
+
+def test_first_copies_keeps_the_first_shard_of_each_unit_sorted_or_not() -> None:
+    """The copy kept of each wanted unit, in position order: the first shard of several (racing writers), none of
+    the unwanted (-1); keys already one per unit in order (one writer) take the path without a sort."""
+    import numpy as np
+
+    from klear.sample.units import first_copies
+
+    rng = random.Random(3)
+    for trial in range(40):
+        positions = np.array([rng.randrange(-1, 30) for _ in range(rng.randrange(0, 60))], np.int64)
+        if trial % 2:  # one writer: each unit once, ascending
+            positions = np.unique(positions[positions >= 0])
+        shards = np.array([rng.randrange(5) for _ in positions], np.int32)
+        best: dict[int, int] = {}
+        for i, (p, s) in enumerate(zip(positions.tolist(), shards.tolist(), strict=True)):
+            if p >= 0 and (p not in best or (s, i) < (shards[best[p]], best[p])):
+                best[p] = i
+        assert first_copies(positions, shards).tolist() == [best[p] for p in sorted(best)]

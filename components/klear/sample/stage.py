@@ -64,6 +64,7 @@ from klear.sample.store import FAILED_SCHEMA, SCHEMA, ResumeMismatchError, Scan,
 from klear.sample.units import (
     Plan,
     Prompt,
+    Prompts,
     canonical_hash,
     check_unique,
     first_copies,
@@ -91,23 +92,29 @@ class SampleFailedError(RuntimeError):
 # --------------------------------------------------------------------------- prompts
 
 
-def load_prompts(uris: Sequence[str], config: SampleConfig, with_shipped: bool = False) -> list[Prompt]:
+def load_prompts(uris: Sequence[str], config: SampleConfig, with_shipped: bool = False) -> Prompts:
     """Every prompt of the sources, in order, checked: ids present and unique, prompts present, no empty source.
-    `with_shipped`: the responses the records hold, required of the prompts sampled (the first max_prompts)."""
+    `with_shipped`: the responses the records hold, required of the prompts sampled (the first max_prompts).
+    Held as Arrow columns (units.Prompts), not a Python object per prompt."""
     if not uris:
         raise ValueError("no --prompts given")
-    prompts: list[Prompt] = []
-    for uri in uris:
-        source = Source.parse(uri)
-        before = len(prompts)
-        for located in iter_training_records([uri]):
-            prompt = prompt_from_row(located, source, len(prompts), config.prompt_field, config.id_field,
-                                     config.system_prompt)
-            if with_shipped and (not config.max_prompts or len(prompts) < config.max_prompts):
-                prompt = dataclasses.replace(prompt, shipped=tuple(_shipped(located.record, located.where)))
-            prompts.append(prompt)
-        if len(prompts) == before:
-            raise RecordError(f"{uri}: no prompts (an empty source); nothing to sample")
+
+    def read() -> Iterator[Prompt]:
+        count = 0
+        for uri in uris:
+            source = Source.parse(uri)
+            before = count
+            for located in iter_training_records([uri]):
+                prompt = prompt_from_row(located, source, count, config.prompt_field, config.id_field,
+                                         config.system_prompt)
+                if with_shipped and (not config.max_prompts or count < config.max_prompts):
+                    prompt = dataclasses.replace(prompt, shipped=tuple(_shipped(located.record, located.where)))
+                count += 1
+                yield prompt
+            if count == before:
+                raise RecordError(f"{uri}: no prompts (an empty source); nothing to sample")
+
+    prompts = Prompts.of(read())
     check_unique(prompts)
     return prompts
 
@@ -315,7 +322,7 @@ def choose(plan: Plan, scan: Scan) -> Chosen:
                   duplicates=int(np.count_nonzero(positions >= 0)) - len(kept))
 
 
-LOCATE_ROWS = 1 << 18  # unit keys looked up at once
+LOCATE_ROWS = 1 << 16  # unit keys looked up at once (their temporaries: ~100 bytes each)
 
 
 def _decoded(column: pa.Array) -> pa.Array:
@@ -372,9 +379,8 @@ def write_in_order(area: WorkArea, chosen: Chosen, staging: Path, rows_per_part:
                                 dictionary_columns=("model", "finish_reason", "source"))
     result = Assembled(dropped=chosen.dropped, chosen=chosen)
     positions = chosen.positions
-    bucket_of = positions // bucket_rows
-    buckets = int(bucket_of[-1]) + 1 if len(positions) else 0
-    expected, seen = np.bincount(bucket_of, minlength=buckets), np.zeros(buckets, np.int64)
+    buckets = int(positions[-1]) // bucket_rows + 1 if len(positions) else 0
+    expected, seen = np.bincount(positions // bucket_rows, minlength=buckets), np.zeros(buckets, np.int64)
     by_shard = np.argsort(chosen.shard, kind="stable")  # within one shard, still in position order
     numbers, starts = np.unique(chosen.shard[by_shard], return_index=True)
     ends = np.append(starts[1:], len(by_shard))
@@ -534,7 +540,7 @@ def run(prompts: Sequence[str], output: str, config: SampleConfig, model: str | 
     items = load_prompts(prompts, config, with_shipped=kind == "records")
     if config.max_prompts:
         items = items[: config.max_prompts]
-    counts = [min(config.n, len(p.shipped)) if kind == "records" else config.n for p in items]
+    counts = [min(config.n, len(p.shipped)) for p in items] if kind == "records" else [config.n] * len(items)
     plan = Plan.of(items, counts)
     digest_of_units = units_digest(items, counts)
     if part is not None:
@@ -612,12 +618,16 @@ class PendingRequests(Sequence[Request]):
         prompt, sample = plan.units(pending)
         self._items, self._seed = items, seed
         self._prompt, self._sample = prompt.astype(np.int32), sample.astype(np.int32)
+        self._last: tuple[int, Prompt] | None = None  # a prompt's samples are taken one after another
 
     def __len__(self) -> int:
         return len(self._prompt)
 
     def _make(self, i: int, j: int) -> Request:
-        prompt = self._items[i]
+        last = self._last  # one read: other threads may replace it
+        if last is None or last[0] != i:
+            last = self._last = (i, self._items[i])
+        prompt = last[1]
         return Request(prompt, j, unit_seed(self._seed, prompt.id, j))
 
     @overload
@@ -647,13 +657,13 @@ def make_requests(items: Sequence[Prompt], plan: Plan, pending: np.ndarray, seed
 
 
 def run_slice(part: tuple[int, int], prompts: Sequence[str], out: storage.Uri, area: WorkArea, config: SampleConfig,
-              kind: str, items: Sequence[Prompt], counts: Sequence[int], units_digest: str, model: str | None,
+              kind: str, items: Prompts, counts: Sequence[int], units_digest: str, model: str | None,
               endpoint: str | None, served_model: str | None, started: float) -> dict[str, Any]:
     """Sample the missing units of slice I of N into the shared work area and record its failed units there;
     publish nothing and delete nothing (the merge does both). One pod per slice: its lease is the slice's."""
     index, count = part
-    mine = [i for i, prompt in enumerate(items) if slice_of(prompt.id, count) == index]
-    own, own_counts = [items[i] for i in mine], [counts[i] for i in mine]
+    mine = [i for i, (prompt_id, _) in enumerate(items.ids_and_hashes()) if slice_of(prompt_id, count) == index]
+    own, own_counts = items.take(mine), [counts[i] for i in mine]
     total = sum(own_counts)
     where = area.slice_uri(index, count)
     with contextlib.ExitStack() as stack:

@@ -10,9 +10,9 @@ the stage reads and writes, these functions decide.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 import orjson
@@ -142,6 +142,8 @@ def prompt_from_row(located: Located, source: Source, index: int, prompt_field: 
 
 
 def check_unique(prompts: Sequence[Prompt]) -> None:
+    if isinstance(prompts, Prompts) and pc.count_distinct(prompts.ids).as_py() == len(prompts):
+        return  # the common case without a Python object per prompt; the loop below names a duplicate
     first: dict[str, Prompt] = {}
     for prompt in prompts:
         earlier = first.setdefault(prompt.id, prompt)
@@ -149,6 +151,93 @@ def check_unique(prompts: Sequence[Prompt]) -> None:
             raise DuplicatePromptError(
                 f"prompt id {prompt.id!r} appears twice: {earlier.where} and {prompt.where}; ids key the samples, "
                 "so deduplicate the input (e.g. with klear curate) or map a unique id field")
+
+
+_PROMPT_COLUMNS = pa.schema([("index", pa.int64()), ("id", pa.string()), ("messages", pa.string()),
+                             ("text", pa.string()), ("source", pa.dictionary(pa.int32(), pa.string())),
+                             ("record", pa.string()), ("where", pa.string()), ("hash", pa.string())])
+
+
+class Prompts(Sequence[Prompt]):
+    """Prompts held as Arrow columns, a Prompt made each time one is taken: a few hundred bytes per prompt rather
+    than a tree of Python objects (~900 bytes), for runs of millions of prompts. The messages are kept as JSON
+    (chat turns of strings: the same values back); shipped responses (backend=records) by prompt index."""
+
+    def __init__(self, table: pa.Table, shipped: Mapping[int, tuple[Mapping[str, Any], ...]] | None = None) -> None:
+        self.table = table
+        self._shipped = shipped if shipped is not None else {}
+        self._columns = [table.column(name) for name in _PROMPT_COLUMNS.names]
+
+    @classmethod
+    def of(cls, prompts: Iterable[Prompt], batch: int = 4096) -> Prompts:
+        """The prompts given (an iterator: at most `batch` of them held as objects at once)."""
+        batches: list[pa.RecordBatch] = []
+        shipped: dict[int, tuple[Mapping[str, Any], ...]] = {}
+        held: list[Prompt] = []
+
+        def flush() -> None:
+            columns = [[p.index for p in held], [p.id for p in held],
+                       [orjson.dumps(list(p.messages)).decode() for p in held], [p.text for p in held],
+                       [p.source for p in held], [p.record for p in held], [p.where for p in held],
+                       [p.hash for p in held]]
+            batches.append(pa.RecordBatch.from_arrays([pa.array(c, f.type) if f.name != "source" else
+                                                      pc.dictionary_encode(pa.array(c, pa.string()))
+                                                      for c, f in zip(columns, _PROMPT_COLUMNS, strict=True)],
+                                                     schema=_PROMPT_COLUMNS))
+            held.clear()
+
+        for prompt in prompts:
+            held.append(prompt)
+            if prompt.shipped:
+                shipped[prompt.index] = prompt.shipped
+            if len(held) >= batch:
+                flush()
+        if held:
+            flush()
+        return cls(pa.Table.from_batches(batches, _PROMPT_COLUMNS), shipped)  # not combined: that would copy it
+
+    def __len__(self) -> int:
+        return self.table.num_rows
+
+    @property
+    def ids(self) -> pa.Array:
+        return self.table.column("id").combine_chunks()
+
+    @property
+    def hashes(self) -> pa.Array:
+        return self.table.column("hash").combine_chunks()
+
+    def take(self, rows: Sequence[int] | np.ndarray) -> Prompts:
+        return Prompts(self.table.take(pa.array(np.asarray(rows, np.int64))), self._shipped)
+
+    @overload
+    def __getitem__(self, i: int) -> Prompt: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> Prompts: ...
+
+    def __getitem__(self, i: int | slice) -> Prompt | Prompts:
+        if isinstance(i, slice):
+            return self.take(range(*i.indices(len(self))))
+        if not -len(self) <= i < len(self):
+            raise IndexError(f"prompt {i} of {len(self)}")
+        index, id_, messages, text, source, record, where, digest = (column[i].as_py() for column in self._columns)
+        return Prompt(index=index, id=id_, messages=tuple(orjson.loads(messages)), text=text, source=source,
+                      record=record, where=where, hash=digest, shipped=self._shipped.get(index, ()))
+
+    def __iter__(self) -> Iterator[Prompt]:
+        for start in range(0, len(self), 4096):
+            rows = self.table.slice(start, 4096).to_pylist()
+            for row in rows:
+                yield Prompt(index=row["index"], id=row["id"], messages=tuple(orjson.loads(row["messages"])),
+                             text=row["text"], source=row["source"], record=row["record"], where=row["where"],
+                             hash=row["hash"], shipped=self._shipped.get(row["index"], ()))
+
+    def ids_and_hashes(self) -> Iterator[tuple[str, str]]:
+        """(id, prompt hash) of each prompt, in order, a batch at a time."""
+        for start in range(0, len(self), 65536):
+            part = self.table.slice(start, 65536)
+            yield from zip(part.column("id").to_pylist(), part.column("hash").to_pylist(), strict=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,8 +268,9 @@ def units_digest(prompts: Iterable[Prompt], counts: Iterable[int]) -> str:
     value without a Python list per unit."""
     digest = hashlib.sha256(b"[")
     first = True
-    for prompt, count in zip(prompts, counts, strict=True):
-        head, tail = b"[" + orjson.dumps(prompt.id) + b",", b"," + orjson.dumps(prompt.hash) + b"]"
+    keys = prompts.ids_and_hashes() if isinstance(prompts, Prompts) else ((p.id, p.hash) for p in prompts)
+    for (prompt_id, prompt_hash_), count in zip(keys, counts, strict=True):
+        head, tail = b"[" + orjson.dumps(prompt_id) + b",", b"," + orjson.dumps(prompt_hash_) + b"]"
         for j in range(count):
             digest.update((b"" if first else b",") + head + str(j).encode() + tail)
             first = False
@@ -201,6 +291,8 @@ class Plan:
     def of(cls, prompts: Sequence[Prompt], counts: Sequence[int]) -> Plan:
         offsets = np.zeros(len(prompts) + 1, np.int64)
         np.cumsum(np.asarray(counts, np.int64), out=offsets[1:])
+        if isinstance(prompts, Prompts):
+            return cls(prompts.ids, prompts.hashes, offsets)
         return cls(pa.array([p.id for p in prompts], pa.string()), pa.array([p.hash for p in prompts], pa.string()),
                    offsets)
 
@@ -256,6 +348,10 @@ def first_copies(positions: np.ndarray, shards: np.ndarray) -> np.ndarray:
     """Indexes of the copy kept of each wanted unit, in position order: of several copies (writers racing), the
     one in the shard that sorts first; positions of -1 (not wanted) are skipped."""
     valid = np.flatnonzero(positions >= 0)
+    ranked = positions[valid]
+    if not np.any(ranked[1:] <= ranked[:-1]):  # one copy each, in order (one writer): no sort, no temporaries
+        return valid
+    del ranked
     order = valid[np.lexsort((shards[valid], positions[valid]))]
     ranked = positions[order]
     keep = np.ones(len(order), bool)
