@@ -316,10 +316,11 @@ def test_the_demo_passes_only_parameters_the_recipe_takes(compiled: Path) -> Non
     for quick in (False, True):
         arguments = pipeline_arguments(inputs, "s3://b/runs", quick)
         assert set(arguments) <= set(parameters), set(arguments) - set(parameters)
-        # Math RL validates on the held-out slice; otherwise both RL runs get the same overrides.
+        # Math RL validates on the held-out slice; --quick shortens math RL only (code RL keeps its preset's steps).
         math = arguments["gppo_math_overrides"]
         assert "val_data=[s3://b/inputs/validation/demo_benchmark.jsonl]" in math
-        assert [o for o in math if not o.startswith("val_")] == arguments.get("gppo_code_overrides", [])
+        assert [o for o in math if not o.startswith("val_")] == (["max_steps=40"] if quick else [])
+        assert arguments.get("gppo_code_overrides", []) == []
 
 
 def _executor_kinds(spec) -> dict[str, str]:
