@@ -18,6 +18,13 @@ merge: per-unit dicts and sets, one index object per 256-unit shard) on a work a
 unit is (peak RSS - RSS after imports) / units: the prompts' own objects are included (per prompt, not per
 unit). The 24M-unit lines scale the per-unit figures linearly (memory) and the restart by the index objects.
 `--small`: 10,000 prompts x 16 (about a minute).
+
+Measured 2026-12-05 on 2 shared cores, `python benchmarks/bench_sample_scale.py` (8 min in all; today's three
+phases 82 + 70 + 54 s), today vs earlier: coordinator state after the scan 50 / 75 B/unit (first run / restart)
+vs 321 / 267; peak 85 / 110 B/unit vs 327 / 444; merge 115 B/unit vs 703, 44,225 rows/s vs 22,671; restart to
+the first request 6.92 s vs 29.61 s (25 index objects vs 5,625). At 24M units: coordinator peak 2.5 GiB, merge
+2.6 GiB, merge 9.0 min (earlier 9.9 GiB, 15.7 GiB, 17.6 min). At 600K units (`--prompts 37500 --legacy-ref ''`)
+the fixed part weighs more: 93 / 119 / 138 B/unit.
 """
 
 from __future__ import annotations

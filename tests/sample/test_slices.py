@@ -13,6 +13,7 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 
 from klear.common import storage
@@ -227,6 +228,7 @@ def test_three_slices_then_merge_publish_the_bytes_of_the_unsliced_run(tmp_path:
         run([prompts], str(tmp_path / "whole"), config, endpoint=server.url, served_model="fake-teacher")
     sliced, whole = _sample_files(str(tmp_path / "sliced")), _sample_files(str(tmp_path / "whole"))
     assert len(sliced) == 3 and sliced == whole
+    assert pa.default_memory_pool().backend_name == "system"  # freed Arrow buffers go back: see stage.run
     rows = list(iter_rows(str(tmp_path / "sliced")))
     assert [(r["id"], r["sample"]) for r in rows] == [(i, j) for i in ids for j in range(N)]
     _check_rows(rows, ids)
@@ -293,7 +295,6 @@ def test_unit_keys_are_held_in_a_few_bytes_each_and_looked_up_in_batches(tmp_pat
     (shard, id, prompt hash) as dictionaries, a few bytes per unit, not a string per row; an index written by an
     earlier version (plain strings) still reads; looking the keys up in batches chooses what one lookup does."""
     import numpy as np
-    import pyarrow as pa
     import pyarrow.parquet as pq
 
     from klear.sample import stage

@@ -548,7 +548,7 @@ def run(prompts: Sequence[str], output: str, config: SampleConfig, model: str | 
                          served_model, started)
     if merge:
         n_prompts = len(items)
-        del items  # the merge needs the plan's arrays, not a Python object per prompt
+        del items  # the merge needs the plan's arrays only: the prompts' columns go before the keys are read
         return run_merge(checked, area, config, kind, n_prompts, plan, digest_of_units, served_model, prompts, started)
     total = plan.total
     with contextlib.ExitStack() as stack:
