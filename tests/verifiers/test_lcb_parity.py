@@ -18,9 +18,9 @@ import pytest
 
 from klear.judge.problems import Problem
 from klear.judge.scoring import prepare
-from klear.verifiers.code_verifier import CodeVerifier, TestCase, compare_stdout_lcb, extract_program_lcb
+from klear.verifiers.code_verifier import CodeVerifier, TestCase, compare_stdout_lcb, extract_program_lcb, shared_call_verdicts
 from klear.verifiers.config import VerifierConfig
-from klear.verifiers.sandbox import SandboxPool, kernel_support
+from klear.verifiers.sandbox import RunResult, SandboxPool, kernel_support
 
 support = kernel_support()
 pytestmark = pytest.mark.skipif(support["landlock_abi"] < 6 or not support["seccomp"],
@@ -159,7 +159,16 @@ CASES = [
     ("functional_global_counter", "calls = 0\nclass Solution:\n    def f(self, a):\n        global calls\n"
      "        calls += 1\n        return calls", [F("5", "1"), F("6", "1")],
      "f", P, P, WA, "the runner runs every test in one module and one Solution: state leaks into the next test "
-                    "(runner artifact; each test here runs in a fresh process)"),
+                    "(runner artifact)"),
+    ("functional_instance_state", "class Solution:\n    def __init__(self):\n        self.seen = []\n"
+     "    def f(self, a):\n        self.seen.append(a)\n        return len(self.seen)", [F("5", "1"), F("6", "1")],
+     "f", P, P, WA, "one Solution for every test: what __init__ set is not reset between tests (runner artifact)"),
+    ("functional_mutable_default", "class Solution:\n    def f(self, a, acc=[]):\n        acc.append(a)\n"
+     "        return sum(acc)", [F("1", "1"), F("2", "2")],
+     "f", P, P, WA, "one bound method for every test: its default list keeps the first test's items (runner artifact)"),
+    ("functional_class_cache", "class Solution:\n    memo = {}\n    def f(self, n):\n        if n not in self.memo:\n"
+     "            self.memo[n] = n * n\n        return self.memo[n]", [F("3", "9"), F("4", "16"), F("3", "9")],
+     "f", P, P, P, "a cache shared between tests holds right answers: sharing the module changes nothing"),
     ("functional_float", "class Solution:\n    def f(self, a):\n        return a / 2", [F("3", "1.5")],
      "f", P, P, P, "equal floats"),
 ]
@@ -195,8 +204,6 @@ def test_corpus_is_large_and_explained() -> None:
 # Where code_rules runner does not give lcb_runner's verdict: its verdict here, and why.
 RUNNER_RULES_DIFFER = {
     "memory_1500mb": (MLE, "runner rules keep memory_mb: the runner has no limit at all"),
-    "functional_global_counter": (P, "call-based tests still run each in a fresh process: no state shared "
-                                     "between tests"),
 }
 
 
@@ -213,7 +220,7 @@ def test_runner_rules_change_scores_where_the_runner_is_wrong() -> None:
     official rules (and so from a correct harness) get its verdict, which is why the option exists."""
     differing = [c[0] for c in CASES if c[5] != c[6]]
     assert len(differing) >= 10
-    assert len(set(differing) - set(RUNNER_RULES_DIFFER)) >= len(differing) - 2
+    assert len(set(differing) - set(RUNNER_RULES_DIFFER)) >= len(differing) - 1
 
 
 def test_lcb_runner_source_wraps_as_the_runner_does() -> None:
@@ -224,6 +231,33 @@ def test_lcb_runner_source_wraps_as_the_runner_does() -> None:
     kept = lcb_runner_source("x = 1\nif '__main__' == __name__:\n    print(x)")  # reversed: not unwrapped
     assert "if '__main__' == __name__:" in kept
     assert lcb_runner_source("def (:") == "def (:"  # does not parse: left as is
+
+
+def test_runner_rules_share_one_module_across_call_based_tests() -> None:
+    """Runner rules, all mode: state carries on past a wrong answer in the same process; a test that kills the
+    process (timeout) is named, and the tests after it start again in a fresh module."""
+    program = ("calls = 0\nclass Solution:\n    def f(self, a):\n        global calls\n        calls += 1\n"
+               "        while a == 9:\n            pass\n        return calls")
+    tests = [TestCase.from_dict(F(a, out)) for a, out in (("5", "1"), ("6", "1"), ("7", "3"), ("9", "0"), ("8", "1"))]
+    config = VerifierConfig(code_rules="runner", code_workers=1, timeout_s=1.0, memory_mb=1024)
+    with CodeVerifier(config) as verifier:
+        shared = [t["verdict"] for t in verifier.run_tests(program, tests, "f", mode="all").tests]
+        assert shared == [P, WA, P, TLE, P]
+        first = [t["verdict"] for t in verifier.run_tests(program, tests, "f", mode="first-failure").tests]
+        assert first == [P, WA, "not_run", "not_run", "not_run"]
+
+
+def test_shared_call_verdicts() -> None:
+    def run(result: bytes, status: str = "ok") -> RunResult:
+        return RunResult(status, result=result, wall_s=2.0)
+
+    assert shared_call_verdicts(run(b"ready\ntrue 0.5\nfalse 0.25\n"), 3) == [(P, 0.5), (WA, 0.25)]
+    assert shared_call_verdicts(run(b"ready\ntrue 0.5\ntru", "timeout"), 3) == [(P, 0.5), (TLE, 1.5)]
+    assert shared_call_verdicts(run(b"", "runtime_error"), 2) == [(RE, 2.0)]  # the module itself failed
+    assert shared_call_verdicts(run(b"ready\n"), 2) == [(RE, 2.0)]  # ended cleanly mid-test
+    # not stopping at failures: a process that ends after a wrong answer ended during the next test
+    assert shared_call_verdicts(run(b"ready\nfalse 0.5\n", "memory_limit"), 3, False) == [(WA, 0.5), (MLE, 1.5)]
+    assert shared_call_verdicts(run(b"ready\nerror 0.1\ntrue 0.1\n"), 2, False) == [(RE, 0.1), (P, 0.1)]
 
 
 def test_offered_packages_are_read_only_and_alone() -> None:

@@ -181,7 +181,7 @@ def _child(job: dict, state: dict, fds: tuple[int, int, int, int], workdir: str)
     os.closerange(HIGH_FD + len(lib_fds), 1 << 20)
     os.chdir(workdir)
     r = resource
-    cpu = int(job["timeout_s"]) + 1
+    cpu = job.get("cpu_limit_s") or int(job["timeout_s"]) + 1  # a shared-module run: the sum of its tests'
     mem = job["memory_mb"] << 20
     for res, value in ((r.RLIMIT_CORE, (0, 0)), (r.RLIMIT_CPU, (cpu, cpu + 1)),
                        (r.RLIMIT_FSIZE, (job["file_limit"],) * 2), (r.RLIMIT_NOFILE, (job["nofile"],) * 2),
@@ -240,7 +240,9 @@ def _run_program(job: dict, state: dict, workdir: str) -> None:
             _run_as_lcb_runner(job["code"], namespace)
         else:
             exec(compile(job["code"], "<solution>", "exec"), namespace)
-        if job["fn_name"] is not None and official:
+        if job.get("calls") is not None:
+            _call_runner_shared(job, namespace)
+        elif job["fn_name"] is not None and official:
             _call_official(job, namespace)
         elif job["fn_name"] is not None:
             args = [__import__("json").loads(line) for line in job["args"].split("\n") if line.strip()]
@@ -376,6 +378,37 @@ def _call_official(job: dict, namespace: dict) -> None:
     os.write(3, b"true" if bool(result == json.loads(job["expected"])) else b"false")
 
 
+def _call_runner_shared(job: dict, namespace: dict) -> None:
+    """lcb_runner's grade_call_based over all of a problem's tests (code_rules runner): the module executed once, one
+    Solution (or the module) and its bound method for every test, in order, so what a test leaves (module globals,
+    attributes, class-level caches, mutable defaults) is there in the next, as in the runner. The result fd gets a
+    line after the setup ("ready") and after each test ("true", "false" or "error", then its seconds), each of which
+    restarts the zygote's per-test clock. `stop_at_failure` stops at the first failing test, as the runner does."""
+    import time as clock
+    import traceback
+
+    json = __import__("json")
+    calls = [([json.loads(line) for line in args.split("\n")], json.loads(expected)) for args, expected in job["calls"]]
+    owner = namespace["Solution"]() if "class Solution" in job["code"] else None
+    method = getattr(owner, job["fn_name"]) if owner is not None else namespace[job["fn_name"]]
+    os.write(3, b"ready\n")
+    for args, expected in calls:
+        start = clock.perf_counter()
+        try:
+            result = method(*args)
+            if isinstance(result, tuple):
+                result = list(result)
+            word = "true" if result == expected else "false"  # bool() of an array raises: an error there too
+        except MemoryError:
+            raise  # the process's memory_limit names this test
+        except (Exception, SystemExit):  # noqa: BLE001 - the runner's -4 (a SystemExit there fails every test)
+            traceback.print_exc()
+            word = "error"
+        os.write(3, f"{word} {clock.perf_counter() - start:.4f}\n".encode())
+        if word != "true" and job["stop_at_failure"]:
+            return
+
+
 # --- the zygote side ---------------------------------------------------------------------------
 def _children() -> list[int]:
     pid = os.getpid()
@@ -458,6 +491,8 @@ def run_job(job: dict, state: dict) -> dict:
                 poller.unregister(fd)
                 open_fds.discard(fd)
                 continue
+            if fd == res_r and job.get("calls") is not None and b"\n" in chunk and not exited:
+                deadline = time.monotonic() + job["timeout_s"]  # a shared-module run: each test its own time
             room = caps[fd] - len(bufs[fd])
             bufs[fd] += chunk[:max(room, 0)]
             if len(chunk) > room and fd != err_r:  # stderr is only kept for messages: drop the rest

@@ -22,7 +22,7 @@ from klear.verifiers.config import VerifierConfig
 from klear.verifiers.sandbox import RunResult, SandboxPool
 
 __all__ = ["CodeResult", "CodeVerifier", "TestCase", "compare_stdout", "compare_stdout_lcb", "extract_program",
-           "extract_program_lcb", "select_tests"]
+           "extract_program_lcb", "select_tests", "shared_call_verdicts"]
 
 Verdict = Literal["passed", "wrong_answer", "runtime_error", "timeout", "memory_limit", "output_limit",
                   "sandbox_error", "not_run"]
@@ -198,6 +198,30 @@ def verdict_of(run: RunResult, test: TestCase, rules: str = "strict") -> Verdict
     return "passed" if ok else "wrong_answer"
 
 
+_SHARED_WORDS: dict[str, Verdict] = {"true": "passed", "false": "wrong_answer", "error": "runtime_error"}
+
+
+def shared_call_verdicts(run: RunResult, n_tests: int, stop_at_failure: bool = True) -> list[tuple[Verdict, float]]:
+    """(verdict, seconds) of the tests a shared-module run (code_rules runner, call-based) got to, in order, from its
+    result lines: "ready" after the module's setup, then "true|false|error SECONDS" per test. A run that ended
+    before a failure names the test it was on by its status (timeout, memory_limit, ...; a clean early end, as a
+    SystemExit, is a runtime error); the tests after the last one listed were not run (after a failure, when the
+    run was to stop there)."""
+    lines = run.result.decode("ascii", "replace").split("\n")[:-1]  # complete lines only
+    out: list[tuple[Verdict, float]] = []
+    for line in lines[1:] if lines[:1] == ["ready"] else []:
+        word, _, seconds = line.partition(" ")
+        try:
+            out.append((_SHARED_WORDS.get(word, "sandbox_error"), float(seconds)))
+        except ValueError:
+            out.append(("sandbox_error", 0.0))
+    out = out[:n_tests]
+    if len(out) < n_tests and (not out or out[-1][0] == "passed" or not stop_at_failure):
+        status = run.status if run.status != "ok" else "runtime_error"
+        out.append((status, max(run.wall_s - sum(t for _, t in out), 0.0)))  # type: ignore[arg-type]
+    return out
+
+
 # --- running -----------------------------------------------------------------------------------------
 @dataclass
 class CodeResult:
@@ -239,6 +263,29 @@ class CodeVerifier:
             entry["stderr"] = (run.stderr[-500:].decode("utf-8", "replace") or run.detail)[-500:]
         return entry
 
+    def _run_shared(self, program: str, tests: list[tuple[int, TestCase]], fn_name: str,
+                    mode: Literal["all", "first-failure"], timeout_s: float | None) -> list[dict]:
+        """Call-based tests under runner rules, as lcb_runner runs them: in order, in one process sharing one module
+        and one Solution. first-failure stops at the first failing test (as the runner); all goes on in the same
+        process after a wrong answer or an exception, and in a fresh one after a test that ended it (timeout,
+        memory)."""
+        entries: list[dict] = []
+        todo = tests
+        while todo:
+            run = self.pool.run(program, fn_name=fn_name, calls=[(t.input, t.output) for _, t in todo],
+                                timeout_s=timeout_s, stop_at_failure=mode == "first-failure")
+            got = shared_call_verdicts(run, len(todo), mode == "first-failure")
+            for (i, _), (verdict, seconds) in zip(todo, got):
+                entry: dict[str, Any] = {"index": i, "verdict": verdict, "time_s": round(seconds, 4)}
+                if verdict in ("runtime_error", "sandbox_error"):
+                    entry["stderr"] = (run.stderr[-500:].decode("utf-8", "replace") or run.detail)[-500:]
+                entries.append(entry)
+            todo = todo[len(got):]
+            if mode == "first-failure" and got[-1][0] != "passed":
+                entries += [{"index": i, "verdict": "not_run", "time_s": 0.0} for i, _ in todo]
+                break
+        return entries
+
     def run_tests(self, program: str | None, tests: list[TestCase], fn_name: str | None = None,
                   mode: Literal["all", "first-failure"] | None = None, problem_id: str = "",
                   timeout_s: float | None = None) -> CodeResult:
@@ -249,7 +296,10 @@ class CodeVerifier:
         if program is None:
             entries = [{"index": i, "verdict": "not_run", "time_s": 0.0} for i in chosen]
             return CodeResult(0, len(chosen), 0.0, False, False, entries)
-        if mode == "first-failure":
+        if self.config.code_rules == "runner" and fn_name and chosen and all(
+                tests[i].testtype == "functional" for i in chosen):
+            entries = self._run_shared(program, [(i, tests[i]) for i in chosen], fn_name, mode, timeout_s)
+        elif mode == "first-failure":
             for n, i in enumerate(chosen):
                 entries.append({"index": i, **self._run_one(program, tests[i], fn_name, timeout_s)})
                 if entries[-1]["verdict"] != "passed":

@@ -212,7 +212,7 @@ class _Slot:
             self.start()
         try:
             self._send(job)
-            reply = self._recv(time.monotonic() + job["timeout_s"] + _REPLY_MARGIN_S)
+            reply = self._recv(time.monotonic() + job["budget_s"] + _REPLY_MARGIN_S)
         except (BrokenPipeError, OSError) as exc:
             reply = {"error": f"zygote pipe: {exc!r}"}
         if reply is None:
@@ -320,14 +320,21 @@ class SandboxPool:
                  info.get("seccomp"), self.uids if use_uid else "shared")
 
     def run(self, code: str, stdin: str | bytes = b"", *, fn_name: str | None = None, args: str = "",
-            timeout_s: float | None = None, expected: str = "") -> RunResult:
+            timeout_s: float | None = None, expected: str = "", calls: list[tuple[str, str]] | None = None,
+            stop_at_failure: bool = True) -> RunResult:
         """Run one program. stdin mode feeds `stdin`; functional mode calls Solution().fn_name(*args) (official
-        rules: compares the result with `expected` in the program's process, as lcb_runner does)."""
+        rules: compares the result with `expected` in the program's process, as lcb_runner does). `calls`
+        ((args, expected) of each test; runner rules, with fn_name): every test in this one process sharing one
+        module and Solution, `timeout_s` each; `result` holds a line per test (see _zygote._call_runner_shared)."""
         c = self.config
+        timeout = float(timeout_s or c.timeout_s)
+        steps = len(calls) + 1 if calls is not None else 1  # the module's setup, then each test
         job: dict[str, Any] = {
+            "calls": calls, "stop_at_failure": stop_at_failure, "budget_s": timeout * steps,
+            "cpu_limit_s": (int(timeout) + 1) * steps,
             "rules": c.code_rules, "expected": expected,
             "code": code, "stdin": stdin.encode() if isinstance(stdin, str) else stdin,
-            "fn_name": fn_name, "args": args, "timeout_s": float(timeout_s or c.timeout_s),
+            "fn_name": fn_name, "args": args, "timeout_s": timeout,
             "memory_mb": c.memory_mb, "output_limit": c.output_limit_bytes, "file_limit": c.file_limit_bytes,
             "nproc": c.nproc, "nofile": c.nofile,
         }
@@ -339,7 +346,7 @@ class SandboxPool:
         if raw.get("error"):
             return RunResult("sandbox_error", detail=raw["error"])
         return RunResult(
-            classify({**raw, "cpu_limit_s": int(job["timeout_s"]) + 1}), raw["stdout"], raw["stderr"], raw["result"],
+            classify({**raw, "cpu_limit_s": job["cpu_limit_s"]}), raw["stdout"], raw["stderr"], raw["result"],
             raw["wall_s"], raw["cpu_s"],
             raw["maxrss_kb"], raw["exit_code"], raw["signal"], raw["workdir"],
         )
