@@ -247,6 +247,15 @@ def test_runner_rules_share_one_module_across_call_based_tests() -> None:
         assert first == [P, WA, "not_run", "not_run", "not_run"]
 
 
+def test_report_names_the_runner_rules() -> None:
+    from klear.evaluate.stage import code_judging
+
+    runner, official = (code_judging(VerifierConfig(code_rules=r)) for r in ("runner", "official"))
+    assert runner.startswith("rules runner (lcb_runner)") and official.startswith("rules official (lcb_runner)")
+    assert "one module and one Solution" in runner and "wrapped in a function" in runner
+    assert "one module" not in official and "with real stdin" in official
+
+
 def test_shared_call_verdicts() -> None:
     def run(result: bytes, status: str = "ok") -> RunResult:
         return RunResult(status, result=result, wall_s=2.0)

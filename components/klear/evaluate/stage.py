@@ -456,12 +456,15 @@ def _settings(config: EvaluateConfig, bench: BenchmarkSet, source_info: Mapping[
 
 def code_judging(verifier: VerifierConfig) -> str:
     """The report's line on code judging: extraction, execution and comparison rules, limits (verifier.code_rules)."""
+    fresh = ("each stdin test in a fresh confined process" if verifier.code_rules == "runner"
+             else "each test in a fresh confined process with real stdin")
     common = (f"public + private tests; mode {verifier.code_mode}; {verifier.timeout_s:g} s per test; "
-              f"{verifier.memory_mb} MB; each test in a fresh confined process with real stdin; correct only if every "
+              f"{verifier.memory_mb} MB; {fresh}; correct only if every "
               f"test passes; tests per problem: {'all' if verifier.max_tests is None else verifier.max_tests}")
     if verifier.lcb_rules:
         artifacts = ("; stdin programs run as lcb_runner runs them (wrapped in a function, its mocked stdin: no "
-                     "iteration, buffer.readline the first line; stdout captured without .buffer)"
+                     "iteration, buffer.readline the first line; stdout captured without .buffer); call-based tests "
+                     "in order in one process sharing one module and one Solution, as lcb_runner runs them"
                      if verifier.code_rules == "runner" else "")
         return (f"rules {verifier.code_rules} (lcb_runner): the last fenced block of the raw output, finish reason "
                 "ignored; " + common + "; lines equal as text or as Decimal lists; call-based results compared with == "

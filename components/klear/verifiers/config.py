@@ -38,7 +38,8 @@ class VerifierConfig(StageConfig):
     # digits. Both run each test in a fresh confined process with real stdin (see README, LiveCodeBench parity).
     # runner: official plus lcb_runner's own execution artifacts, to reproduce its scores: stdin programs wrapped
     # in a function, its mocked stdin (no iteration, readlines with an empty last line, buffer.readline the
-    # first line), stdout captured without .buffer, os.read(0)/os.write(1) missing the test.
+    # first line), stdout captured without .buffer, os.read(0)/os.write(1) missing the test; call-based tests in
+    # order in one process sharing one module and one Solution (state leaks between tests).
     code_rules: Literal["strict", "official", "runner"] = "strict"
     # LiveCodeBench's environment (its uv.lock) has these; those installed beside the verifier are offered.
     official_packages: list[str] = pydantic.Field(
