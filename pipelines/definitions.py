@@ -173,13 +173,15 @@ def _sample(what: str, prompts, preset, overrides, run_root, gpus, cpu, memory, 
 
 
 def _judge(what: str, samples, config_of: str, preset, overrides, run_root, cpu, slices, problems=None,
-           task: str = "") -> dsl.PipelineTask:
+           task: str = "", benchmark_uris=None) -> dsl.PipelineTask:
     """One judging use in front of the stage that reads its rows (`config_of`: judged with that stage's judge
-    settings), fanned out over `slices` CPU pods (a run-time parameter): a ParallelFor of slice tasks, each retried
-    on its own and all saving scores into the use's one work area (<run_root>/<run id>/judge-<what>.work), then
-    one merge task that publishes the judged rows once every slice's part is there. Returns the merge."""
+    settings; evaluate's against its `benchmark_uris`), fanned out over `slices` CPU pods (a run-time parameter): a
+    ParallelFor of slice tasks, each retried on its own and all saving scores into the use's one work area
+    (<run_root>/<run id>/judge-<what>.work), then one merge task that publishes the judged rows once every slice's
+    part is there. Returns the merge."""
     arguments = dict(samples=samples, preset=preset, overrides=overrides, run_root=run_root, name=what,
-                     config_of=config_of, task=task, **({"problems": problems} if problems is not None else {}))
+                     config_of=config_of, task=task, **({"problems": problems} if problems is not None else {}),
+                     **({"benchmark_uris": benchmark_uris} if benchmark_uris is not None else {}))
     parts = slice_list(count=slices).set_display_name(f"slices of judge: {what}").set_caching_options(False)
     parts.set_cpu_request("100m").set_memory_request("128Mi")
     with dsl.ParallelFor(parts.output) as part:
@@ -217,19 +219,24 @@ def _rl_filter(rl_task: str, problems, filter_samples, benchmark_uris, preset, o
     return _runs_untrusted_code(_deterministic(task, cpu))
 
 
-def _evaluate(models: dict[str, dsl.PipelineTask], benchmark_uris, preset, overrides, run_root, digest, name: str,
-              code: dict[str, dsl.PipelineTask] | None = None, folder: str = "evaluate",
-              cpu=JUDGE_CPU) -> dsl.PipelineTask:
-    """evaluate with up to three models side by side: `models` maps label -> its math sample task, in the
+def _eval_judged(kind: str, samples: dict, benchmark_uris, preset, overrides, run_root, cpu, slices) -> dict:
+    """Each model's evaluation samples of one kind judged in `slices` slices under the evaluate preset's judge
+    settings and against its benchmarks, so evaluate takes every verdict as it is (it still judges the other
+    math modes of judge.report_modes itself): label -> the judged rows."""
+    return {label: _judge(f"eval-{label}-{kind}", rows, "evaluate", preset, overrides, run_root, cpu, slices,
+                          benchmark_uris=benchmark_uris).outputs["judged"] for label, rows in samples.items()}
+
+
+def _evaluate(models: dict, benchmark_uris, preset, overrides, run_root, digest, name: str, code: dict | None = None,
+              folder: str = "evaluate", cpu=JUDGE_CPU) -> dsl.PipelineTask:
+    """evaluate with up to three models side by side: `models` maps label -> its judged math samples, in the
     order final, baseline, reference (RL, SFT, base); `code` the same for LiveCodeBench samples."""
     (label, first), (base_label, second), (ref_label, third) = list(models.items())
     code = code or {}
-    inputs = {"samples": first.outputs["samples"], "baseline_samples": second.outputs["samples"],
-              "reference_samples": third.outputs["samples"]}
+    inputs = {"samples": first, "baseline_samples": second, "reference_samples": third}
     if code:
-        inputs |= {"code_samples": code[label].outputs["samples"],
-                   "baseline_code_samples": code[base_label].outputs["samples"],
-                   "reference_code_samples": code[ref_label].outputs["samples"]}
+        inputs |= {"code_samples": code[label], "baseline_code_samples": code[base_label],
+                   "reference_code_samples": code[ref_label]}
     task = evaluate(**inputs, benchmark_uris=benchmark_uris, preset=preset, overrides=overrides, run_root=run_root,
                     label=label, baseline_label=base_label, reference_label=ref_label, name=folder,
                     input_digest=digest)
@@ -294,6 +301,7 @@ def klear_pipeline(
     reference_judge_slices: int = 1,
     filter_math_judge_slices: int = 1,
     filter_code_judge_slices: int = 1,
+    evaluate_judge_slices: int = 1,
     sft_nodes: int = 1,
     sft_gpus_per_node: str = GPUS,
     sft_cpu: str = SFT_CPU,
@@ -366,6 +374,8 @@ def klear_pipeline(
             samples by a hash of their id, each its own retried task, then one merge that sft-data reads).
         filter_math_judge_slices: Pods the judging of the filter model's math samples is spread over.
         filter_code_judge_slices: Pods the judging of the filter model's code samples (sandboxed) is spread over.
+        evaluate_judge_slices: Pods the judging of each evaluation's samples (per model and benchmark kind) is
+            spread over, with the evaluate preset's judge settings, then one merge that evaluate reads.
         sft_nodes: Training nodes of SFT (more than 1: a Kubeflow Trainer job).
         sft_gpus_per_node: GPUs per SFT node.
         sft_cpu: CPU per SFT node.
@@ -427,13 +437,15 @@ def klear_pipeline(
     _deterministic(prompts.set_display_name("evaluate: benchmark prompts"), "2", "8Gi")
     models = {"rl": code_rl.outputs["model"], "sft": tuned.outputs["model"], "base": base.output}
 
-    def eval_samples(kind: str) -> dict[str, dsl.PipelineTask]:
-        return {label: _sample(f"eval-{label}-{kind}", prompts.outputs[f"{kind}_prompts"], sample_preset,
-                               prompts.outputs[f"{kind}_sample_overrides"], run_root, *sampling, model=model,
-                               slices=eval_slices)
-                for label, model in models.items()}
+    def eval_samples(kind: str) -> dict:
+        samples = {label: _sample(f"eval-{label}-{kind}", prompts.outputs[f"{kind}_prompts"], sample_preset,
+                                  prompts.outputs[f"{kind}_sample_overrides"], run_root, *sampling, model=model,
+                                  slices=eval_slices).outputs["samples"]
+                   for label, model in models.items()}
+        return _eval_judged(kind, samples, benchmark_uris, evaluate_preset, evaluate_overrides, run_root, judge_cpu,
+                            evaluate_judge_slices)
 
-    math_samples = eval_samples("math")
+    math_samples = eval_samples("math")  # judged once, read by both evaluations
     _evaluate(math_samples, benchmark_uris, evaluate_preset, evaluate_overrides, run_root, benchmarks,
               "evaluate: AIME / HMMT", cpu=judge_cpu)
     with dsl.If(evaluate_code == True):  # noqa: E712 - a pipeline condition, compiled, not a Python comparison
@@ -638,7 +650,8 @@ def gppo_code_pipeline(model_uri: str, data_uri: str, run_root: str, preset: str
 def evaluate_pipeline(model_uri: str, run_root: str, benchmark_uris: list = [], preset: str = "paper",
                       overrides: list = [], sample_preset: str = "paper", sample_overrides: list = [],
                       gpus: str = GPUS, cpu: str = SAMPLE_CPU, memory: str = NODE_MEMORY,
-                      gpu_node_selector: dict = {}, gpu_tolerations: list = [], slices: int = 1) -> dsl.Markdown:
+                      gpu_node_selector: dict = {}, gpu_tolerations: list = [], slices: int = 1,
+                      judge_slices: int = 1, judge_cpu: str = JUDGE_CPU) -> dsl.Markdown:
     """AIME/HMMT pass@1 (avg@k) of one model under the paper's protocol.
 
     Args:
@@ -656,6 +669,9 @@ def evaluate_pipeline(model_uri: str, run_root: str, benchmark_uris: list = [], 
         gpu_node_selector: Node labels the GPU pod must match.
         gpu_tolerations: Tolerations of the GPU pod.
         slices: Pods the benchmark sampling is spread over (then one merge).
+        judge_slices: Pods the judging of the samples is spread over (the preset's judge settings; then one merge
+            that evaluate reads).
+        judge_cpu: CPU of each judging pod (judge slices, evaluate): one verifier worker per core.
     """
     model = _import(model_uri, dsl.Model, "model")
     digest = _digest("benchmarks", uris=benchmark_uris)
@@ -665,14 +681,17 @@ def evaluate_pipeline(model_uri: str, run_root: str, benchmark_uris: list = [], 
     math = _sample("eval-math", prompts.outputs["math_prompts"], sample_preset,
                    prompts.outputs["math_sample_overrides"], run_root, gpus, cpu, memory,
                    (gpu_node_selector, gpu_tolerations), model=model.output, slices=slices)
-    task = evaluate(samples=math.outputs["samples"], benchmark_uris=benchmark_uris, preset=preset, overrides=overrides,
-                    run_root=run_root, label="model", input_digest=digest)
-    return _runs_untrusted_code(_deterministic(task.set_display_name("evaluate"))).outputs["summary"]
+    judged = _judge("eval-math", math.outputs["samples"], "evaluate", preset, overrides, run_root, judge_cpu,
+                    judge_slices, benchmark_uris=benchmark_uris)
+    task = evaluate(samples=judged.outputs["judged"], benchmark_uris=benchmark_uris, preset=preset,
+                    overrides=overrides, run_root=run_root, label="model", input_digest=digest)
+    return _runs_untrusted_code(_deterministic(task.set_display_name("evaluate"), judge_cpu)).outputs["summary"]
 
 
 @dsl.pipeline(name="klear-evaluate-samples", description="Rescore saved samples (no sampling)")
 def evaluate_samples_pipeline(samples_uri: str, run_root: str, benchmark_uris: list = [], preset: str = "paper",
-                              overrides: list = [], label: str = "model") -> dsl.Markdown:
+                              overrides: list = [], label: str = "model", judge_slices: int = 1,
+                              judge_cpu: str = JUDGE_CPU) -> dsl.Markdown:
     """Score saved samples of a model again (another protocol, a fixed verifier) without sampling.
 
     Args:
@@ -682,12 +701,17 @@ def evaluate_samples_pipeline(samples_uri: str, run_root: str, benchmark_uris: l
         preset: Evaluation protocol (paper, demo).
         overrides: Config overrides, e.g. ["settings_check=warn"] or ["judge.verifier.allow_unconfined=true"].
         label: The model's name in the report.
+        judge_slices: Pods the judging of the samples is spread over (the preset's judge settings; then one merge
+            that evaluate reads).
+        judge_cpu: CPU of each judging pod (judge slices, evaluate): one verifier worker per core.
     """
     samples = _import(samples_uri, dsl.Dataset, "samples")
-    task = evaluate(samples=samples.output, benchmark_uris=benchmark_uris, preset=preset, overrides=overrides,
-                    run_root=run_root, label=label, input_digest=_digest("evaluate inputs", samples_uri,
-                                                                         uris=benchmark_uris))
-    return _runs_untrusted_code(_deterministic(task.set_display_name("evaluate"))).outputs["summary"]
+    judged = _judge("eval-samples", samples.output, "evaluate", preset, overrides, run_root, judge_cpu, judge_slices,
+                    benchmark_uris=benchmark_uris)
+    task = evaluate(samples=judged.outputs["judged"], benchmark_uris=benchmark_uris, preset=preset,
+                    overrides=overrides, run_root=run_root, label=label,
+                    input_digest=_digest("evaluate inputs", samples_uri, uris=benchmark_uris))
+    return _runs_untrusted_code(_deterministic(task.set_display_name("evaluate"), judge_cpu)).outputs["summary"]
 
 
 PIPELINES = {

@@ -33,7 +33,7 @@ ALLOWED: dict[str, set[str]] = {
     # evaluate: validation during RL runs the evaluation's own protocol and judge on the policy.
     "gppo": {"common", "training", "verifiers", "evaluate"},
     # sft_data, rl_filter, evaluate: a judge step of the DAG judges with the judge settings of the stage it feeds
-    # (their config modules only, imported when asked: stage_judge_config).
+    # (their config modules only, imported when asked: stage_judge_config), and evaluate's problems (problems_of).
     "judge": {"common", "verifiers", "sft_data", "rl_filter", "evaluate"},
     "sft_data": {"common", "judge"},
     # testsets: the shipped benchmarks are its default decontamination sets, as for curate.

@@ -62,7 +62,8 @@ def _check_lineage(workdir: Path, rl: float) -> None:
     steps = {step["uri"]: step for step in listed}
     evaluation = listed[0]["uri"]
     assert listed[0]["stage"] == "evaluate"
-    model = _follow(steps, evaluation, [("samples:rl", "sample"), ("model", "gppo"), ("model", "gppo")])
+    model = _follow(steps, evaluation, [("samples:rl", "judge"), ("samples", "sample"), ("model", "gppo"),
+                                        ("model", "gppo")])
     teacher = _follow(steps, model, [("model", "sft"), ("data", "sft-data"), ("samples", "sample")])
     source = _follow(steps, teacher, [("prompts", "curate"), ("input", "")])
     assert source.endswith("/arithmetic.jsonl#prompt=problem"), source

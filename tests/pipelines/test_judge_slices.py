@@ -1,6 +1,6 @@
-"""The compiled recipe judges over slices: each judging use in front of sft-data and rl-filter is a ParallelFor of
-judge slices over a run-time number of slices, collected into one merge that the stage reads; the CPU of every
-judging task is a run-time parameter."""
+"""The compiled recipe judges over slices: each judging use in front of sft-data, rl-filter and evaluate is a
+ParallelFor of judge slices over a run-time number of slices, collected into one merge that the stage reads; the CPU
+of every judging task is a run-time parameter."""
 
 import pytest
 from google.protobuf import json_format
@@ -11,7 +11,9 @@ from pipelines.compile import validate
 # uses, the task every problem is judged as).
 USES = {"reference": ("reference_judge_slices", "sft-data", ""),
         "filter-math": ("filter_math_judge_slices", "rl-filter", "math"),
-        "filter-code": ("filter_code_judge_slices", "rl-filter", "code")}
+        "filter-code": ("filter_code_judge_slices", "rl-filter", "code"),
+        **{f"eval-{label}-{kind}": ("evaluate_judge_slices", "evaluate", "") for label in ("rl", "sft", "base")
+           for kind in ("math", "code")}}
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +48,8 @@ def test_each_judging_use_is_a_parallel_for_of_slices_then_a_merge(spec) -> None
             assert piece.inputs.parameters["part"].component_input_parameter == loop.parameter_iterator.item_input
             lister = dag.tasks[loop.parameter_iterator.items.input_parameter.removeprefix("pipelinechannel--")
                                .removesuffix("-Output")]
-            count = lister.inputs.parameters["count"].component_input_parameter
+            # Inside a condition (evaluate_code) a pipeline parameter comes as a channel.
+            count = lister.inputs.parameters["count"].component_input_parameter.removeprefix("pipelinechannel--")
             assert piece.retry_policy.max_retry_count == 3 and not piece.caching_options.enable_cache, use
             # Slices and merge write one output (one work area), judged under one stage's settings.
             for key in ("name", "config_of", "task", "preset", "run_root"):
@@ -68,10 +71,38 @@ def test_the_cpu_of_every_judging_task_is_a_run_time_parameter(spec) -> None:
              if component.WhichOneof("implementation") == "dag" or component is spec.root
              for task in component.dag.tasks.values()}
     judging = [name for name in tasks if name.startswith(("judge slice:", "sft-data", "rl-filter", "evaluate: AIME"))]
-    assert len(judging) == 3 + 1 + 2 + 2, judging
+    assert len(judging) == 3 + 6 + 1 + 2 + 2, judging
     for name in judging:
         executor = spec.components[tasks[name].component_ref.name].executor_label
         resources = executors[executor]["container"]["resources"]
         assert resources["resourceCpuLimit"] == resources["resourceCpuRequest"], name
         assert resources["resourceCpuLimit"].startswith("{{$.inputs.parameters['pipelinechannel--"), name
         assert resources["resourceCpuLimit"].endswith("judge_cpu']}}"), name
+
+
+def test_every_evaluate_task_reads_judge_merges_of_its_own_settings(spec) -> None:
+    """Each sample input of each evaluate task is the merge of a judging use under evaluate's preset, overrides and
+    benchmarks (so evaluate reuses every verdict); the math uses are judged once for both evaluations."""
+    tasks = {name: task for component in [spec.root, *spec.components.values()]
+             if component is spec.root or component.WhichOneof("implementation") == "dag"
+             for name, task in component.dag.tasks.items()}
+    evaluations = {name: task for name, task in tasks.items() if task.component_ref.name.startswith("comp-evaluate")
+                   and not task.component_ref.name.startswith("comp-evaluation-prompts")}
+    assert sorted(t.task_info.name for t in evaluations.values()) == ["evaluate: AIME / HMMT",
+                                                                      "evaluate: AIME / HMMT / LiveCodeBench"]
+    read = set()
+    for evaluation in evaluations.values():
+        slots = {key: value for key, value in evaluation.inputs.artifacts.items() if key.endswith("samples")}
+        assert len(slots) in (3, 6), slots
+        for key, value in slots.items():
+            # Inside the condition an input comes as the channel of the task outside that made it.
+            producer = value.task_output_artifact.producer_task or value.component_input_artifact.removeprefix(
+                "pipelinechannel--").removesuffix("-judged")
+            merge = tasks[producer]
+            assert merge.component_ref.name.startswith("comp-judge") and "slice" not in merge.component_ref.name, key
+            assert merge.inputs.parameters["config_of"].runtime_value.constant.string_value == "evaluate", key
+            for parameter, source in (("preset", "evaluate_preset"), ("overrides", "evaluate_overrides"),
+                                      ("benchmark_uris", "benchmark_uris")):
+                assert merge.inputs.parameters[parameter].component_input_parameter.endswith(source), (key, parameter)
+            read.add(merge.task_info.name)
+    assert len(read) == 6, read

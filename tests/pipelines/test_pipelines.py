@@ -52,7 +52,8 @@ def test_the_recipe_is_wired_in_the_papers_order(compiled: Path) -> None:
         "curate", "sample: teacher", "sample: reference", "sft-data", "sft:", "sample: filter-math",
         "sample: filter-code", "rl-filter: math", "rl-filter: code", "math RL: GPPO", "code RL: GPPO",
         "evaluate: benchmark prompts", "evaluate: AIME / HMMT", "sample: eval-rl-math", "sample: eval-sft-math",
-        "sample: eval-base-math", "judge: reference", "judge: filter-math", "judge: filter-code")}
+        "sample: eval-base-math", "judge: reference", "judge: filter-math", "judge: filter-code", "judge: eval-rl-math",
+        "judge: eval-sft-math", "judge: eval-base-math")}
 
     def deps(prefix: str) -> set[str]:
         return set(tasks[named[prefix]].dependent_tasks)
@@ -69,8 +70,10 @@ def test_the_recipe_is_wired_in_the_papers_order(compiled: Path) -> None:
     assert {named["sft:"], named["rl-filter: math"]} <= deps("math RL: GPPO")
     assert {named["math RL: GPPO"], named["rl-filter: code"]} <= deps("code RL: GPPO")
     assert named["code RL: GPPO"] in deps("sample: eval-rl-math") and named["sft:"] in deps("sample: eval-sft-math")
-    assert {named["sample: eval-rl-math"], named["sample: eval-sft-math"], named["sample: eval-base-math"]} <= deps(
-        "evaluate: AIME / HMMT")
+    # Each model's evaluation samples reach evaluate judged (judge slices under evaluate's settings, then a merge).
+    for label in ("rl", "sft", "base"):
+        assert named[f"sample: eval-{label}-math"] in deps(f"judge: eval-{label}-math")
+        assert named[f"judge: eval-{label}-math"] in deps("evaluate: AIME / HMMT")
     # Math RL and code RL are the one gppo component twice, told apart by their task argument.
     math_rl, code_rl = named["math RL: GPPO"], named["code RL: GPPO"]
     assert tasks[math_rl].component_ref.name.startswith("comp-gppo") and tasks[code_rl].component_ref.name.startswith(

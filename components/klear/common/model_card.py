@@ -117,11 +117,17 @@ def record_evaluation(evaluation_uri: str, scores: Mapping[str, Mapping[str, flo
     training stage published, unchanged since they were sampled). Returns the model URIs updated; a model being
     republished, or unreachable, is skipped with a warning: the evaluation itself has been published."""
     updated = []
+    labels = {}  # sample output -> the label it was evaluated as, directly or through a judge step's rows
+    for edge in lineage.step_of(evaluation_uri).inputs:
+        if edge.role.startswith("samples:"):
+            labels[edge.uri] = edge.role.removeprefix("samples:")
+            judged = lineage.step_of(edge.uri)
+            if judged.stage == "judge":
+                labels |= {e.uri: labels[edge.uri] for e in judged.inputs if e.role == "samples"}
     for step in lineage.trace(evaluation_uri, max_steps=64)[1:]:
         if step.stage != "sample":
             continue
-        label = next((edge.role.removeprefix("samples:") for edge in lineage.step_of(evaluation_uri).inputs
-                      if edge.uri == step.uri), "")
+        label = labels.get(step.uri, "")
         for edge in step.inputs:
             if edge.role != "model" or label not in scores or edge.changed:
                 continue

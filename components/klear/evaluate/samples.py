@@ -84,10 +84,11 @@ def read_keys(local: LocalSource, batch_rows: int = 65536) -> Iterator[tuple[str
                 yield pid, index, origin
 
 
-def read_rows(local: LocalSource, wanted: Mapping[tuple[str, int], Any], batch_rows: int) -> Iterator[list[dict[str, Any]]]:
-    """Batches of the rows whose (id, sample) is in `wanted`, with the columns scoring needs."""
+def read_rows(local: LocalSource, wanted: Mapping[tuple[str, int], Any], batch_rows: int,
+              extra: Sequence[str] = ()) -> Iterator[list[dict[str, Any]]]:
+    """Batches of the rows whose (id, sample) is in `wanted`, with the columns scoring needs (and `extra` ones)."""
     for origin, path in local.files:
-        for table in file_tables(path, origin, batch_rows, READ_COLUMNS):
+        for table in file_tables(path, origin, batch_rows, (*READ_COLUMNS, *extra)):
             rows = [row for row in table.to_pylist() if (str(row["id"]), int(row["sample"])) in wanted]
             if rows:
                 yield rows

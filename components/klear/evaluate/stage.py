@@ -61,7 +61,7 @@ from klear.evaluate.report import render_html, render_markdown
 from klear.evaluate.samples import LocalSource, SampleError, SampleSource, open_source, parse_sample_specs, read_keys, read_rows
 from klear.evaluate.scoring import ProblemScore, SampleScore, Selection, score_benchmarks, select_samples
 from klear.judge import Judge, Judgement
-from klear.judge.io import ScoreStore, fingerprint, settings_key
+from klear.judge.io import JUDGE_COLUMNS, ScoreStore, fingerprint, references_key, settings_key
 from klear.judge.modes import ModeComparison
 from klear.sample.config import SampleConfig
 from klear.verifiers.config import VerifierConfig
@@ -196,7 +196,8 @@ class _Judging:
 
     def __init__(self, judge: Judge, config: EvaluateConfig, output: str, lease: storage.OutputLease):
         self.judge, self.config, self.output, self.lease = judge, config, output, lease
-        self.judged = self.reused = 0
+        self.judged = self.reused = 0  # judged here, and taken from saved scores or a judge step's verdicts
+        self.references: str | None = None  # references_key of the benchmarks' problems, once a judge output asks
         # judge.report_modes: the math samples judged again in each other mode (label -> mode -> key -> correct)
         self.modes = ModeComparison(config.judge)
         self.mode_correct: dict[str, dict[str, dict[tuple[str, int], bool]]] = defaultdict(lambda: defaultdict(dict))
@@ -209,7 +210,8 @@ class _Judging:
         saved = store.load() if store is not None else {}
         scores: dict[tuple[str, int], SampleScore] = {}
         for local in locals_:
-            for rows in read_rows(local, selection.keys, cfg.chunk_size):
+            given = self._verdicts_given(local, bench)
+            for rows in read_rows(local, selection.keys, cfg.chunk_size, JUDGE_COLUMNS if given else ()):
                 rows = [r for r in rows if selection.keys.get((str(r["id"]), int(r["sample"]))) is not None]
                 problems = [bench.problems[str(r["id"])].problem for r in rows]
                 prints = [fingerprint(str(r.get("response") or ""), r.get("finish_reason"), p)
@@ -218,7 +220,9 @@ class _Judging:
                 todo = []
                 for i, (row, fp) in enumerate(zip(rows, prints)):
                     hit = saved.get((str(row["id"]), int(row["sample"])))
-                    if hit is not None and hit[0] == fp:
+                    if given and row.get("verdict") is not None:
+                        results[i] = Judgement(**{name: row[name] for name in JUDGE_COLUMNS})
+                    elif hit is not None and hit[0] == fp:
                         results[i] = Judgement(**hit[1])
                     else:
                         todo.append(i)
@@ -241,13 +245,22 @@ class _Judging:
                         str(row["id"]), int(row["sample"]), bool(result.correct), result.verdict,
                         row.get("finish_reason"), int(tokens) if tokens is not None else None, result.passed,
                         result.total, result.extracted)
-                self.judged += len(rows)
+                self.judged += len(todo)
                 self._progress(label, len(scores), total)
         missing = set(selection.keys) - set(scores)
         if missing:  # read_keys saw them, read_rows did not: the source changed under us
             raise SampleError(f"label {label!r}: {len(missing)} chosen samples vanished between reads, e.g. "
                               f"{sorted(missing)[:3]}")
         return scores
+
+    def _verdicts_given(self, local: LocalSource, bench: BenchmarkSet) -> bool:
+        """A judge output judged under these judge settings against these very problems: its verdicts are
+        taken as they are (the DAG's judge slices in front of evaluate); any other source is judged here."""
+        if local.stage != "judge" or local.meta.get("settings_key") != settings_key(self.config.judge):
+            return False
+        if self.references is None:
+            self.references = references_key({pid: item.problem for pid, item in bench.problems.items()})
+        return bool(local.meta.get("references_key") == self.references)
 
     def _progress(self, label: str, done: int, total: int) -> None:
         now = time.monotonic()
@@ -538,8 +551,8 @@ def _notes(config: EvaluateConfig, bench: BenchmarkSet, labels: Sequence[str], s
         notes.append(f"{judge_counts['budget_timeouts']} judgements overran their budget and "
                      f"{judge_counts['scorer_errors']} scorers failed: counted wrong.")
     if judge_counts["reused"]:
-        notes.append(f"{judge_counts['reused']} judgements reused from an interrupted run (same response, reference "
-                     "and settings).")
+        notes.append(f"{judge_counts['reused']} judgements reused from an interrupted run or a judge step's output "
+                     "(same response, reference and settings).")
     return notes
 
 

@@ -23,6 +23,7 @@ def judge(
     merge: bool = False,
     slices: list = [],
     task: str = "",
+    benchmark_uris: list = [],
 ):
     """Judge every sampled response against its problem; publish judged rows and per-problem pass rates.
 
@@ -45,15 +46,18 @@ def judge(
             there (refused, naming the missing slices or samples, otherwise).
         slices: the slice tasks' results (dsl.Collected): what the merge waits for; recorded in the log only.
         task: judge every problem as this task (math, code), as rl-filter does with its --task; "" = the config's.
+        benchmark_uris: with `config_of` evaluate and no problems: the benchmarks whose problems evaluate judges
+            against ([] = the shipped math sets), read as evaluate reads them, so it reuses every verdict.
     """
     from klear.common import kfp_io
     from klear.judge.report import render_markdown
-    from klear.judge.stage import run, stage_judge_config
+    from klear.judge.stage import problems_of, run, stage_judge_config
 
     target = kfp_io.output_location(run_root, f"judge-{name}" if name else "judge")
     problem_spec = kfp_io.input_location(problems) if problems is not None else problems_uri or None
+    given = None if problem_spec else problems_of(config_of, preset, list(overrides), list(benchmark_uris))
     report = run(kfp_io.input_location(samples), target, stage_judge_config(config_of, preset, list(overrides), task),
-                 problem_spec, merge=merge)
+                 problem_spec, merge=merge, stage_problems=given)
     totals = report["totals"]
     kfp_io.record_output(judged, target, {"samples": totals["samples"], "problems": totals["problems"],
                                          "input_digest": input_digest})
@@ -75,6 +79,7 @@ def judge_slice(
     config_of: str = "",
     task: str = "",
     cpu: str = "",
+    benchmark_uris: list = [],
 ) -> str:
     """One slice of a judging use: the samples whose id hashes into slice I of N, judged into the work area that
     every slice and the merge of this use share (<run_root>/<run id>/judge-<name>.work); publishes nothing. A
@@ -93,6 +98,7 @@ def judge_slice(
         task: judge every problem as this task (math, code); "" = the config's.
         cpu: the pod's CPU as the run asked (logged). As a task input it is carried into the ParallelFor, which
             KFP 2.17 does not do for resources alone; the judge's workers follow the pod's cores.
+        benchmark_uris: with `config_of` evaluate and no problems: evaluate's benchmarks, as for `judge`.
 
     Returns:
         The slice's counts as JSON (slice, samples, reused).
@@ -101,11 +107,12 @@ def judge_slice(
     import logging
 
     from klear.common import kfp_io
-    from klear.judge.stage import run, stage_judge_config
+    from klear.judge.stage import problems_of, run, stage_judge_config
 
     target = kfp_io.output_location(run_root, f"judge-{name}" if name else "judge")
     logging.getLogger("klear.judge").info("slice %s of %s on a pod of %s CPU", part, target, cpu or "?")
     problem_spec = kfp_io.input_location(problems) if problems is not None else problems_uri or None
+    given = None if problem_spec else problems_of(config_of, preset, list(overrides), list(benchmark_uris))
     report = run(kfp_io.input_location(samples), target, stage_judge_config(config_of, preset, list(overrides), task),
-                 problem_spec, slice_spec=part)
+                 problem_spec, slice_spec=part, stage_problems=given)
     return json.dumps({key: report[key] for key in ("slice", "samples", "reused")})

@@ -23,7 +23,7 @@ from klear.judge.config import JudgeConfig
 from klear.judge.problems import Problem
 
 __all__ = ["JUDGE_COLUMNS", "JUDGE_SCHEMA", "SampleInputError", "ScoreStore", "fingerprint", "is_judged",
-           "iter_judged", "judgement_columns", "settings_key"]
+           "iter_judged", "judgement_columns", "references_key", "settings_key"]
 
 log = logging.getLogger("klear.judge")
 
@@ -45,6 +45,13 @@ def is_judged(names: Sequence[str]) -> bool:
 def settings_key(config: JudgeConfig) -> str:
     """What makes two judgements of one response comparable: the scorer, the verifier settings, the task rule."""
     body = json.dumps([config.scorer, config.task, config.verifier.model_dump(mode="json")], sort_keys=True)
+    return hashlib.sha256(body.encode()).hexdigest()[:16]
+
+
+def references_key(problems: Mapping[str, Problem]) -> str:
+    """What the problems a run judged against hold: every id with its reference (answer or tests). A stage that
+    takes judged rows as they are (evaluate) checks it against its own problems."""
+    body = json.dumps(sorted((pid, problem.reference_hash) for pid, problem in problems.items()))
     return hashlib.sha256(body.encode()).hexdigest()[:16]
 
 
