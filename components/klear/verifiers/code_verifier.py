@@ -18,7 +18,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Any, Literal
 
 from klear.common.chat import THINK_CLOSE
-from klear.verifiers.config import VerifierConfig
+from klear.verifiers.config import LCB_RULES, VerifierConfig
 from klear.verifiers.sandbox import RunResult, SandboxPool
 
 __all__ = ["CodeResult", "CodeVerifier", "TestCase", "compare_stdout", "compare_stdout_lcb", "extract_program",
@@ -186,7 +186,7 @@ class TestCase:
 
 def verdict_of(run: RunResult, test: TestCase, rules: str = "strict") -> Verdict:
     """Verdict of one run against its test, under the strict or lcb_runner's comparison (official, runner)."""
-    lcb = rules in ("official", "runner")
+    lcb = rules in LCB_RULES
     if run.status != "ok":
         return run.status  # type: ignore[return-value]
     if test.testtype == "functional":  # official: the sandboxed process compared the value itself
@@ -220,6 +220,14 @@ def shared_call_verdicts(run: RunResult, n_tests: int, stop_at_failure: bool = T
         status = run.status if run.status != "ok" else "runtime_error"
         out.append((status, max(run.wall_s - sum(t for _, t in out), 0.0)))  # type: ignore[arg-type]
     return out
+
+
+def _entry(verdict: Verdict, seconds: float, run: RunResult) -> dict[str, Any]:
+    """One test's entry of a CodeResult; an error keeps the tail of what the run wrote to stderr."""
+    entry: dict[str, Any] = {"verdict": verdict, "time_s": round(seconds, 4)}
+    if verdict in ("runtime_error", "sandbox_error"):
+        entry["stderr"] = (run.stderr[-500:].decode("utf-8", "replace") or run.detail)[-500:]
+    return entry
 
 
 # --- running -----------------------------------------------------------------------------------------
@@ -257,11 +265,7 @@ class CodeVerifier:
             run = self.pool.run(program, fn_name=fn_name, args=test.input, timeout_s=timeout_s, expected=test.output)
         else:
             run = self.pool.run(program, test.input, timeout_s=timeout_s)
-        verdict = verdict_of(run, test, self.config.code_rules)
-        entry: dict[str, Any] = {"verdict": verdict, "time_s": round(run.wall_s, 4)}
-        if verdict in ("runtime_error", "sandbox_error"):
-            entry["stderr"] = (run.stderr[-500:].decode("utf-8", "replace") or run.detail)[-500:]
-        return entry
+        return _entry(verdict_of(run, test, self.config.code_rules), run.wall_s, run)
 
     def _run_shared(self, program: str, tests: list[tuple[int, TestCase]], fn_name: str,
                     mode: Literal["all", "first-failure"], timeout_s: float | None) -> list[dict]:
@@ -275,11 +279,7 @@ class CodeVerifier:
             run = self.pool.run(program, fn_name=fn_name, calls=[(t.input, t.output) for _, t in todo],
                                 timeout_s=timeout_s, stop_at_failure=mode == "first-failure")
             got = shared_call_verdicts(run, len(todo), mode == "first-failure")
-            for (i, _), (verdict, seconds) in zip(todo, got):
-                entry: dict[str, Any] = {"index": i, "verdict": verdict, "time_s": round(seconds, 4)}
-                if verdict in ("runtime_error", "sandbox_error"):
-                    entry["stderr"] = (run.stderr[-500:].decode("utf-8", "replace") or run.detail)[-500:]
-                entries.append(entry)
+            entries += [{"index": i, **_entry(verdict, seconds, run)} for (i, _), (verdict, seconds) in zip(todo, got)]
             todo = todo[len(got):]
             if mode == "first-failure" and got[-1][0] != "passed":
                 entries += [{"index": i, "verdict": "not_run", "time_s": 0.0} for i, _ in todo]

@@ -12,6 +12,10 @@ from klear.common.config import StageConfig
 __all__ = ["VerifierConfig"]
 
 
+# The code rules that extract, compare and offer packages as lcb_runner does (runner: also its execution artifacts).
+LCB_RULES = ("official", "runner")
+
+
 class VerifierConfig(StageConfig):
     preset_package: ClassVar[str] = "klear.verifiers"
 
@@ -60,7 +64,7 @@ class VerifierConfig(StageConfig):
     @property
     def lcb_rules(self) -> bool:
         """lcb_runner's extraction, comparison and packages (code_rules official or runner)."""
-        return self.code_rules in ("official", "runner")
+        return self.code_rules in LCB_RULES
 
 
 def worker_verifier(verifier: VerifierConfig, index: int, workers: int, cores: int) -> VerifierConfig:
