@@ -11,16 +11,19 @@ cannot re-split, so a run with another number of processes is refused by name, b
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
-from klear.common import storage
+from klear.common import storage, tracking
 from klear.gppo.stage import STAGE as GPPO
 from klear.sft.stage import STAGE as SFT
 from klear.training import checkpoints
@@ -36,27 +39,64 @@ SFT_SETS = ["deepspeed=zero3", "num_epochs=1", "save_steps=4"]
 
 
 def node_command(nodes: int, model: str, data: list[str], output: str, stage: TrainingStage = SFT,
-                 preset: str = "tiny", overrides: list[str] = SFT_SETS) -> list[str]:
+                 preset: str = "tiny", overrides: list[str] = SFT_SETS, processes_per_node: int = 1) -> list[str]:
     spec = JobSpec(name=f"klear-{stage.name}-test", image="klear/klear-cpu:test", stage=stage, nodes=nodes,
-                   gpus_per_node=1, model=model, data=data, output=output, preset=preset, overrides=overrides)
+                   gpus_per_node=processes_per_node, model=model, data=data, output=output, preset=preset, overrides=overrides)
     return list(render_trainjob(spec)["spec"]["trainer"]["command"])
 
 
 def run_nodes(command: list[str], nodes: int, tmp: Path, timeout: float = 480,
               env: dict[str, str] | None = None) -> list[tuple[int, str]]:
     """`nodes` pods of one job, run to their end: (exit status, output) of each."""
+    started = start_nodes(command, nodes, tmp, env)
+    try:
+        return [(node.wait(timeout=timeout), log.read_text()) for node, log in started]
+    finally:
+        kill(started)
+
+
+def kill(started: list[tuple[subprocess.Popen[bytes], Path]]) -> None:
+    """SIGKILL each node's launcher and every process under it, as a pod dies (torch's elastic agent starts the
+    training processes in sessions of their own: a process-group kill would leave them training)."""
+    for node, _ in started:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            tree = psutil.Process(node.pid)
+            for process in [tree, *tree.children(recursive=True)]:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    process.kill()
+        node.wait()
+
+
+def kill_after_checkpoint(started: list[tuple[subprocess.Popen[bytes], Path]], output: str, newer_than: int,
+                          timeout_s: float = 300) -> int:
+    """Kill a job's nodes once a checkpoint newer than step `newer_than` is published; the newest published step."""
+    deadline = time.monotonic() + timeout_s
+    while not [step for step in checkpoints.published_steps(output) if step > newer_than]:
+        assert all(node.poll() is None for node, _ in started), "\n".join(log.read_text()[-3000:] for _, log in started)
+        assert time.monotonic() < deadline, "no checkpoint published in time"
+        time.sleep(0.1)
+    kill(started)
+    return checkpoints.published_steps(output)[-1]
+
+
+def start_nodes(command: list[str], nodes: int, tmp: Path,
+                env: dict[str, str] | None = None) -> list[tuple[subprocess.Popen[bytes], Path]]:
     port = free_port()
-    started = [start_node(command, rank, port, tmp, env or {}) for rank in range(nodes)]
-    logs = [node.communicate(timeout=timeout)[0] for node in started]
-    return [(node.returncode, log) for node, log in zip(started, logs, strict=True)]
+    return [start_node(command, rank, port, tmp, env or {}) for rank in range(nodes)]
 
 
-def start_node(command: list[str], rank: int, port: int, tmp: Path, extra_env: dict[str, str]) -> subprocess.Popen[str]:
-    """One pod: the variables Trainer injects, `python` on PATH being this environment's interpreter."""
-    (tmp / f"node-{rank}").mkdir(exist_ok=True)
+def start_node(command: list[str], rank: int, port: int, tmp: Path,
+               extra_env: dict[str, str]) -> tuple[subprocess.Popen[bytes], Path]:
+    """One pod: the variables Trainer injects, `python` on PATH being this environment's interpreter; its output
+    goes to a file (a pipe nobody reads while the other node is awaited fills up and stalls the job)."""
+    disk = tmp / f"node-{rank}"
+    disk.mkdir(exist_ok=True)
     env = {**os.environ, **extra_env, "PET_NODE_RANK": str(rank), "PET_MASTER_ADDR": "127.0.0.1", "PET_MASTER_PORT": str(port),
-           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "TMPDIR": str(tmp / f"node-{rank}")}
-    return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "TMPDIR": str(disk)}
+    log = tmp / f"node-{rank}-{time.monotonic_ns()}.log"
+    with log.open("wb") as out:
+        node = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
+    return node, log
 
 
 @pytest.fixture(scope="module")
@@ -95,6 +135,36 @@ def test_a_one_node_checkpoint_is_refused_on_two_nodes(tiny_model: str, demo_fil
     _assert_complete(output, ranks=1)
     for code, log in run_nodes(node_command(2, tiny_model, [str(data)], output, overrides=sets), 2, tmp_path, 300):
         assert code != 0 and _refusal(output, 1, 2) in log, log[-3000:]  # every node refuses, none trains
+
+
+def test_a_checkpoint_resumes_on_another_layout_of_as_many_processes(two_nodes: dict[str, Any], tiny_model: str,
+                                                                     demo_files: list[str], tmp_path: Path) -> None:
+    """Two nodes x 1 process, killed after a checkpoint; one node x 2 processes resumes it and is killed after a
+    later one; two nodes x 1 process resume that and finish. Each resume loads every rank's partitions, whichever
+    node's disk wrote them, and the run ends as the uninterrupted two-node run ended. Reporting to W&B (offline):
+    rank 0 alone reports, and the three attempts are one W&B run."""
+    output, sets = str(tmp_path / "sft"), [*SFT_SETS[:2], "save_steps=2", "report_to=tensorboard,wandb"]
+    (tmp_path / "wandb").mkdir()
+    wandb = {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path / "wandb"), "WANDB_SILENT": "true"}
+    two_nodes_command = node_command(2, tiny_model, demo_files, output, overrides=sets)
+    one_node_command = node_command(1, tiny_model, demo_files, output, overrides=sets, processes_per_node=2)
+    first = kill_after_checkpoint(start_nodes(two_nodes_command, 2, tmp_path, wandb), output, newer_than=0)
+    second = kill_after_checkpoint(start_nodes(one_node_command, 1, tmp_path, wandb), output, newer_than=first)
+    uninterrupted = json.loads(storage.read_bytes(f"{two_nodes['output']}/report.json"))
+    total = uninterrupted["training"]["global_step"]
+    assert first < second < total and not storage.exists(f"{output}/{storage.MANIFEST_NAME}"), "a run had finished"
+
+    nodes = run_nodes(two_nodes_command, 2, tmp_path, env=wandb)
+    assert [code for code, _ in nodes] == [0, 0], "\n".join(log[-3000:] for _, log in nodes)
+    assert all(f"resuming from checkpoint checkpoint-{second}" in log for _, log in nodes)
+    report = json.loads(storage.read_bytes(f"{output}/report.json"))
+    assert report["training"]["resumed_from_step"] == second and report["training"]["global_step"] == total
+    # Same partitions, data position and per-rank RNG after each resume: the last loss is the uninterrupted run's.
+    assert report["metrics"]["final_loss"] == pytest.approx(uninterrupted["metrics"]["final_loss"], rel=1e-3)
+    _assert_complete(output, ranks=2)
+    ids = json.loads(storage.read_bytes(checkpoints.checkpoint_uri(output, total).join(tracking.RUN_FILE)))
+    attempts = sorted(path.name for path in (tmp_path / "wandb").rglob("run-*.wandb"))
+    assert attempts == [f"run-{ids['wandb']}.wandb"] * 3, attempts
 
 
 def _refusal(output: str, written_by: int, now: int) -> str:

@@ -95,7 +95,8 @@ def test_two_nodes_holding_one_name_with_other_bytes_is_refused() -> None:
     assert checkpoints.node_ranks([0, 0, 2, 2]) == {0: [0, 1], 2: [2, 3]}
 
 
-def test_zero3_partitions_of_another_process_count_are_refused_before_the_model_loads(tmp_path: Path) -> None:
+def test_zero3_partitions_of_another_process_count_are_refused_before_the_model_loads(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     output = str(tmp_path / "out")
     uri = checkpoints.checkpoint_uri(output, 8)
     storage.publish_dir(_rank0_files(tmp_path), uri, meta={"stage": "sft", "world_size": 2})
@@ -104,3 +105,6 @@ def test_zero3_partitions_of_another_process_count_are_refused_before_the_model_
         checkpoints.refuse_other_world_size(output, enabled=True, deepspeed=True)
     checkpoints.refuse_other_world_size(output, enabled=False, deepspeed=True)  # starts afresh: nothing resumes
     checkpoints.refuse_other_world_size(output, enabled=True, deepspeed=False)  # resumes with a warning
+    # Launched with as many processes (the launcher's WORLD_SIZE, before any process group exists): resumes.
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    checkpoints.refuse_other_world_size(output, enabled=True, deepspeed=True)

@@ -58,11 +58,9 @@ def build_dataset(data: list[str], tokenizer: Any, config: GppoConfig) -> tuple[
 
 
 def make_trainer(model_dir: Path, tokenizer: Any, dataset: Any, config: GppoConfig, work: Path, pool: Any) -> Any:
-    from accelerate import PartialState
-
     from klear.gppo.trainer import GppoTrainer, VerifierReward, grpo_arguments
 
-    args = grpo_arguments(config, work / "trainer", PartialState().num_processes, use_cpu=not hf_model.has_accelerator(),
+    args = grpo_arguments(config, work / "trainer", hf_model.launched_processes(), use_cpu=not hf_model.has_accelerator(),
                           deepspeed=hf_model.deepspeed_config(config.deepspeed),
                           attn_implementation=hf_model.attention(config.attn_implementation))
     return GppoTrainer(model=str(model_dir), args=args, train_dataset=dataset, processing_class=tokenizer,

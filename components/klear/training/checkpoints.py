@@ -114,7 +114,7 @@ def refuse_other_world_size(output: str, enabled: bool, deepspeed: bool) -> None
     processes (resume_point checks the checkpoint it downloads again)."""
     if not (enabled and deepspeed):
         return
-    from accelerate import PartialState
+    from klear.training.hf_model import launched_processes
 
     steps = published_steps(output)
     if not steps:
@@ -124,7 +124,7 @@ def refuse_other_world_size(output: str, enabled: bool, deepspeed: bool) -> None
         meta = storage.read_manifest(newest).meta
     except (storage.StorageError, OSError):
         return  # resume_point decides what an unreadable checkpoint means
-    problem = world_size_problem(meta.get("world_size"), PartialState().num_processes, deepspeed, str(newest))
+    problem = world_size_problem(meta.get("world_size"), launched_processes(), deepspeed, str(newest))
     if problem and problem[0] == "error":
         raise ValueError(problem[1])
 

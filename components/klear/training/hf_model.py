@@ -7,6 +7,7 @@ import contextlib
 import hashlib
 import importlib.util
 import json
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -77,6 +78,13 @@ def has_accelerator() -> bool:
     import torch
 
     return torch.cuda.is_available()
+
+
+def launched_processes() -> int:
+    """How many training processes the launcher started (WORLD_SIZE, set by torchrun, `accelerate launch` and
+    Kubeflow's PyTorchJob; 1 when not launched). Read before the Trainer sets up the process group: accelerate's
+    PartialState reports 1 there under DeepSpeed on CPU, whatever the launch."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
 
 
 def finish_model_folder(final: Path, tokenizer: Any) -> None:
