@@ -157,7 +157,10 @@ def run_environment(settings: TrackingSettings, trackers: Sequence[str], resumed
     return env
 
 
-def format_duration(seconds: float) -> str:
+def format_duration(seconds: float | None) -> str:
+    """'h:mm:ss' of every progress line (training steps, sampled units); '?' when not known yet."""
+    if seconds is None:
+        return "?"
     seconds = max(0, int(seconds))
     hours, rest = divmod(seconds, 3600)
     return f"{hours}:{rest // 60:02d}:{rest % 60:02d}"
