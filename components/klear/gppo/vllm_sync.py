@@ -3,8 +3,9 @@
 TRL 1.16 pushes weights with `model.load_weights([(name, tensor)])` one tensor at a time. On vLLM's CPU build that
 fails (`'Parameter' object has no attribute 'weight_loader'`: linear weights are repacked for oneDNN after loading
 and `layer.weight` is gone). vLLM's own in-place reload (`model_runner.reload_weights(weights_iterator=...)`)
-restores the checkpoint layout, loads, and repacks again, on CPU and GPU alike; a tied output layer keeps its tie
-and is repacked from the new embeddings (tests/gpu_paths/test_gppo_vllm.py checks both kinds of model).
+restores the checkpoint layout, loads, and repacks again, on CPU and GPU alike; a tied output layer, which loads
+nothing of its own, is repacked from the new embeddings afterwards (tests/gpu_paths/test_gppo_vllm.py checks both
+kinds of model).
 
 A sync that leaves vLLM on old weights trains on rollouts of another policy without any error: `logprob_gap`
 compares vLLM's log-probabilities of a fixed completion with the policy's, and the trainer runs it after every
@@ -25,7 +26,18 @@ def push_weights(llm: Any, named_params: Iterable[tuple[str, Any]]) -> None:
     """The policy's parameters (checkpoint names, full tensors) into a colocated vLLM engine, in place."""
     runner = llm.llm_engine.model_executor.driver_worker.model_runner
     runner.reload_weights(weights_iterator=named_params)
+    refresh_tied_output_layer(runner.get_model())
     llm.reset_prefix_cache()
+
+
+def refresh_tied_output_layer(model: Any) -> None:
+    """A tied output layer loads no weights of its own, so the reload leaves it as it was; its weight is the
+    embeddings' (updated in place), but vLLM's CPU build may compute it from a packed copy made at load (the
+    small-GEMM kernel on AVX-512/AMX CPUs), which would stay on the old embeddings. Its processing runs again to
+    repack from the new ones (a no-op on GPU)."""
+    lm_head: Any = getattr(model, "lm_head", None)
+    if getattr(getattr(model, "config", None), "tie_word_embeddings", False) and hasattr(lm_head, "quant_method"):
+        lm_head.quant_method.process_weights_after_loading(lm_head)
 
 
 def logprob_gap(llm: Any, policy: Any, prompt_ids: Sequence[int], completion_ids: Sequence[int],
