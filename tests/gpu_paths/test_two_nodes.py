@@ -11,7 +11,6 @@ cannot re-split, so a run with another number of processes is refused by name, b
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import subprocess
@@ -20,7 +19,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 
 from klear.common import storage, tracking
@@ -32,6 +30,7 @@ from klear.training.trainjob import JobSpec, render_trainjob
 from tests.conftest import free_port
 from tests.gpu_paths.conftest import VLLM_ENV
 from tests.gpu_paths.test_gppo_vllm import TOLERANCE
+from tests.training import kill, kill_after_checkpoint
 
 pytestmark = [pytest.mark.vllm_cpu, pytest.mark.slow]
 
@@ -53,30 +52,6 @@ def run_nodes(command: list[str], nodes: int, tmp: Path, timeout: float = 480,
         return [(node.wait(timeout=timeout), log.read_text()) for node, log in started]
     finally:
         kill(started)
-
-
-def kill(started: list[tuple[subprocess.Popen[bytes], Path]]) -> None:
-    """SIGKILL each node's launcher and every process under it, as a pod dies (torch's elastic agent starts the
-    training processes in sessions of their own: a process-group kill would leave them training)."""
-    for node, _ in started:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            tree = psutil.Process(node.pid)
-            for process in [tree, *tree.children(recursive=True)]:
-                with contextlib.suppress(psutil.NoSuchProcess):
-                    process.kill()
-        node.wait()
-
-
-def kill_after_checkpoint(started: list[tuple[subprocess.Popen[bytes], Path]], output: str, newer_than: int,
-                          timeout_s: float = 300) -> int:
-    """Kill a job's nodes once a checkpoint newer than step `newer_than` is published; the newest published step."""
-    deadline = time.monotonic() + timeout_s
-    while not [step for step in checkpoints.published_steps(output) if step > newer_than]:
-        assert all(node.poll() is None for node, _ in started), "\n".join(log.read_text()[-3000:] for _, log in started)
-        assert time.monotonic() < deadline, "no checkpoint published in time"
-        time.sleep(0.1)
-    kill(started)
-    return checkpoints.published_steps(output)[-1]
 
 
 def start_nodes(command: list[str], nodes: int, tmp: Path,

@@ -34,6 +34,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from klear.common import storage
+from klear.training.hf_model import launched_processes
 
 log = logging.getLogger("klear.checkpoints")
 
@@ -114,8 +115,6 @@ def refuse_other_world_size(output: str, enabled: bool, deepspeed: bool) -> None
     processes (resume_point checks the checkpoint it downloads again)."""
     if not (enabled and deepspeed):
         return
-    from klear.training.hf_model import launched_processes
-
     steps = published_steps(output)
     if not steps:
         return
@@ -157,7 +156,7 @@ def resume_point(output: str, trainer_dir: Path, work: Path, enabled: bool, deep
             parts = differing_parts(meta.get("fingerprint"), fingerprint) if fingerprint is not None else None
             error = mismatch_message(output, parts) if parts else None
             # Refused before a download of every rank's partitions.
-            problem = world_size_problem(meta.get("world_size"), state.num_processes, deepspeed, str(newest))
+            problem = world_size_problem(meta.get("world_size"), launched_processes(), deepspeed, str(newest))
             if error is None and problem and problem[0] == "error":
                 error = problem[1]
         if enabled and error is None:
@@ -171,7 +170,7 @@ def resume_point(output: str, trainer_dir: Path, work: Path, enabled: bool, deep
     if not path:
         return None
     meta = json.loads((Path(path) / META_FILE).read_text())
-    problem = world_size_problem(meta.get("world_size"), state.num_processes, deepspeed,
+    problem = world_size_problem(meta.get("world_size"), launched_processes(), deepspeed,
                                  str(checkpoint_uri(output, int(Path(path).name.split("-")[-1]))))
     if problem and problem[0] == "error":
         raise ValueError(problem[1])

@@ -82,8 +82,9 @@ def has_accelerator() -> bool:
 
 def launched_processes() -> int:
     """How many training processes the launcher started (WORLD_SIZE, set by torchrun, `accelerate launch` and
-    Kubeflow's PyTorchJob; 1 when not launched). Read before the Trainer sets up the process group: accelerate's
-    PartialState reports 1 there under DeepSpeed on CPU, whatever the launch."""
+    Kubeflow's PyTorchJob; 1 when not launched): the one count the checkpoint checks and the batch layout use, before
+    and after the Trainer sets up the process group (before it, accelerate's PartialState reports 1 under DeepSpeed
+    on CPU, whatever the launch)."""
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
