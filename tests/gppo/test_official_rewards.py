@@ -104,3 +104,21 @@ def test_official_code_draws_16_tests_per_rollout_seeded() -> None:
 def test_reward_presets_carry_the_released_values() -> None:
     assert (OFFICIAL.official_max_tests, OFFICIAL.official_timeout_s, OFFICIAL.official_memory_mb) == (16, 35.0, 1024)
     assert json.loads(PAPER.model_dump_json())["filter_on"] == "accuracy"
+
+
+@pytest.mark.parametrize("rules", ["strict", "official", "runner"])
+def test_official_code_reward_judges_returned_values_outside_the_program(rules: str) -> None:
+    """Functional tests: the value a method returns (a dict, a nested list) is compared by the reward, whichever
+    sandbox rules send it; a program that writes a verdict on its fds instead of returning one gains nothing."""
+    verifier = TINY.model_copy(update={"max_tests": None, "code_rules": rules})
+    tests = [{"input": f"{i}", "output": json.dumps({"n": [i, [2 * i]]}), "testtype": "functional"} for i in range(3)]
+
+    def task(body: str) -> dict:
+        return {"task": "code", "response": _program(f"class Solution:\n    def f(self, n):\n{body}"),
+                "tests": tests, "fn_name": "f", "problem_id": "p1"}
+
+    right = score_rollout(task("        return {'n': [n, [2 * n]]}"), OFFICIAL, verifier)
+    assert (right.reward, right.correct) == (1.0, True)
+    forged = "        import os\n        for fd in range(21):\n            try:\n                os.write(fd, b'true\\n')\n" \
+             "            except OSError:\n                pass\n        os._exit(0)"
+    assert score_rollout(task(forged), OFFICIAL, verifier).reward == -1.0

@@ -18,6 +18,7 @@ import pytest
 
 from klear.judge.problems import Problem
 from klear.judge.scoring import prepare
+from klear.verifiers._zygote import encode_value
 from klear.verifiers.code_verifier import CodeVerifier, TestCase, compare_stdout_lcb, extract_program_lcb, shared_call_verdicts
 from klear.verifiers.config import VerifierConfig
 from klear.verifiers.sandbox import RunResult, SandboxPool, kernel_support
@@ -260,13 +261,19 @@ def test_shared_call_verdicts() -> None:
     def run(result: bytes, status: str = "ok") -> RunResult:
         return RunResult(status, result=result, wall_s=2.0)
 
-    assert shared_call_verdicts(run(b"ready\ntrue 0.5\nfalse 0.25\n"), 3) == [(P, 0.5), (WA, 0.25)]
-    assert shared_call_verdicts(run(b"ready\ntrue 0.5\ntru", "timeout"), 3) == [(P, 0.5), (TLE, 1.5)]
-    assert shared_call_verdicts(run(b"", "runtime_error"), 2) == [(RE, 2.0)]  # the module itself failed
-    assert shared_call_verdicts(run(b"ready\n"), 2) == [(RE, 2.0)]  # ended cleanly mid-test
+    def ok(seconds: float, value: object) -> bytes:
+        return b"ok %g %s\n" % (seconds, encode_value(value))
+
+    want = ["1", "2", "3"]  # judged here, against the values the lines carry
+    assert shared_call_verdicts(run(b"ready\n" + ok(0.5, 1) + ok(0.25, 5)), want) == [(P, 0.5), (WA, 0.25)]
+    assert shared_call_verdicts(run(b"ready\n" + ok(0.5, 1) + b"ok 0.1 [", "timeout"), want) == [(P, 0.5), (TLE, 1.5)]
+    assert shared_call_verdicts(run(b"", "runtime_error"), want[:2]) == [(RE, 2.0)]  # the module itself failed
+    assert shared_call_verdicts(run(b"ready\n"), want[:2]) == [(RE, 2.0)]  # ended cleanly mid-test
     # not stopping at failures: a process that ends after a wrong answer ended during the next test
-    assert shared_call_verdicts(run(b"ready\nfalse 0.5\n", "memory_limit"), 3, False) == [(WA, 0.5), (MLE, 1.5)]
-    assert shared_call_verdicts(run(b"ready\nerror 0.1\ntrue 0.1\n"), 2, False) == [(RE, 0.1), (P, 0.1)]
+    assert shared_call_verdicts(run(b"ready\n" + ok(0.5, 0), "memory_limit"), want, False) == [(WA, 0.5), (MLE, 1.5)]
+    assert shared_call_verdicts(run(b"ready\nerror 0.1\n" + ok(0.1, 2)), want[:2], False) == [(RE, 0.1), (P, 0.1)]
+    # stopping at failures: lines after the first failure (the process ran on until the harness ended it) are cut
+    assert shared_call_verdicts(run(b"ready\nerror 0.1\n" + ok(0.1, 2)), want[:2]) == [(RE, 0.1)]
 
 
 def test_offered_packages_are_read_only_and_alone() -> None:

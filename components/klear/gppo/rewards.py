@@ -25,10 +25,10 @@ from klear.gppo.config import RewardConfig
 from klear.verifiers.code_verifier import (
     CodeResult,
     TestCase,
-    compare_functional,
     extract_program,
     process_verifier,
     select_tests,
+    verdict_of,
 )
 from klear.verifiers.config import VerifierConfig, worker_verifier
 from klear.verifiers.math_verifier import extract_answer, format_ok, judge, judge_official
@@ -224,7 +224,8 @@ def official_code_result(program: str | None, tests: list[TestCase], fn_name: st
             if not fn_name:
                 raise ValueError("functional test without fn_name")
             run = pool.run(program, fn_name=fn_name, args=test.input, timeout_s=cfg.official_timeout_s)
-            ok = run.status == "ok" and compare_functional(run.result, test.output)
+            # The returned value, compared here in the form the sandbox's rules send it (never in the program).
+            ok = verdict_of(run, test, verifier.code_rules) == "passed"
         else:
             run = pool.run(program, test.input, timeout_s=cfg.official_timeout_s)
             ok = run.status == "ok" and exact_output_match(run.stdout.decode("utf-8", "replace"), test.output)

@@ -4,10 +4,13 @@ Started by `klear.verifiers.sandbox` as `python3 -I -S _zygote.py` with a clean 
 imports nothing but the standard library (and the libseccomp binding whose folder the harness passes
 in). Forking a warm interpreter costs a few milliseconds, against ~12 ms for a fresh `python3 -I -S`.
 Being single-threaded is what makes fork safe here; the harness that talks to it may be threaded.
+It dies with the harness process that started it (parent-death signal), and each child dies with it.
 
 Protocol on stdin/stdout: 4-byte big-endian length + pickle, harness -> zygote and back. Only the
 trusted harness writes pickles to us; what a child sends back (stdout, stderr, result fd) is returned
-as raw bytes and never unpickled.
+as raw bytes and never unpickled. A child's fds are all the program's to write, so the result fd
+carries values (`encode_value`), never verdicts: the harness compares them with expected outputs that
+never enter this process (nor, so, any child forked from it).
 
 Each child, in this order: new session, fds 0-3 only, private working directory, rlimits, per-slot
 uid (when root), parent-death signal, no_new_privs, Landlock (filesystem, TCP, signal and
@@ -16,9 +19,11 @@ abstract-socket scoping), seccomp; then it runs the program in-process (no exec 
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import errno
 import gc
+import json
 import os
 import pickle
 import resource
@@ -168,6 +173,64 @@ def _to_jsonable(value):
     if isinstance(value, dict):
         return {k: _to_jsonable(v) for k, v in value.items()}
     return value
+
+
+# --- returned values on the result channel (official, runner) ------------------------------------
+# lcb_runner compares a returned value with `==` in the program's own process; here the harness does it, on a copy
+# of the value as plain data of these exact types, whose `==` is Python's own (a subclass's or any other object's
+# __eq__ is the program's code, able to claim any equality: such a value is opaque, equal to nothing).
+_DICTS = (dict, collections.defaultdict, collections.OrderedDict, collections.Counter)  # `==` of dict with a dict
+_SMALL_INT_BITS = 60  # larger ints travel as hex: int<->decimal text is limited to 4,300 digits, hex is not
+
+
+def _tagged(value):
+    """`value` as JSON-able data: lists as arrays, other containers and big ints as one-key tagged objects."""
+    kind = type(value)
+    if value is None or kind in (bool, str, float):
+        return value
+    if kind is int:
+        return value if value.bit_length() <= _SMALL_INT_BITS else {"int": hex(value)}
+    if kind is list:
+        return [_tagged(v) for v in value]
+    if kind in (tuple, set, frozenset):
+        return {kind.__name__: [_tagged(v) for v in value]}
+    if kind in _DICTS:
+        return {"dict": [[_tagged(k), _tagged(v)] for k, v in value.items()]}
+    numpy = sys.modules.get("numpy")
+    if numpy is not None and isinstance(value, numpy.ndarray) and value.size != 1:
+        # what numpy raises where lcb_runner takes the truth of `array == expected`
+        raise ValueError("The truth value of an array with more than one element is ambiguous.")
+    if numpy is not None and isinstance(value, numpy.generic):
+        item = value.item()  # a numpy scalar compares as the Python number it holds
+        if type(item) is not kind:
+            return _tagged(item)
+    return {"opaque": kind.__qualname__}
+
+
+def encode_value(value) -> bytes:
+    """A returned value as one line of ASCII JSON for the result fd (see `decode_value`)."""
+    return json.dumps(_tagged(value), separators=(",", ":")).encode()
+
+
+_CONTAINERS = {"tuple": tuple, "set": set, "frozenset": frozenset, "dict": dict}
+
+
+def _untag(obj: dict):
+    """The value of one tagged object of `_tagged`'s."""
+    ((tag, v),) = obj.items() if len(obj) == 1 else ((None, None),)
+    if tag == "opaque":
+        return object()  # equal to nothing but itself
+    if tag == "int" and isinstance(v, str):
+        return int(v, 16)
+    if tag in _CONTAINERS and isinstance(v, list):
+        return _CONTAINERS[tag](v)
+    raise ValueError(f"not a tagged value: {sorted(obj)[:3]}")
+
+
+def decode_value(data: bytes):
+    """The value `encode_value` wrote. Raises ValueError, TypeError or RecursionError on anything else (bytes the
+    program wrote itself, alone or around the harness's): such a result can only fail its test."""
+    return json.loads(data.decode("ascii"), object_hook=_untag)
 
 
 def _child(job: dict, state: dict, fds: tuple[int, int, int, int], workdir: str) -> None:
@@ -364,10 +427,16 @@ def _run_as_lcb_runner(code: str, namespace: dict) -> None:
             data = data[os.write(result_fd, data):]
 
 
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
 def _call_official(job: dict, namespace: dict) -> None:
-    """lcb_runner's call-based grading: Solution().fn_name, or a module-level function when the code has no
-    `class Solution`; the result (a top-level tuple made a list) compared with `==` to the expected JSON value,
-    in-process (numpy scalars compare as numbers). Writes true/false to the result fd."""
+    """lcb_runner's call-based run: Solution().fn_name, or a module-level function when the code has no
+    `class Solution`; the result (a top-level tuple made a list) goes to the result fd as `encode_value` writes it,
+    for the harness to compare with the expected value (lcb_runner's `==`, done where the program cannot reach)."""
     json = __import__("json")
     args = [json.loads(line) for line in job["args"].split("\n")]
     owner = namespace["Solution"]() if "class Solution" in job["code"] else None
@@ -375,38 +444,38 @@ def _call_official(job: dict, namespace: dict) -> None:
     result = method(*args)
     if isinstance(result, tuple):
         result = list(result)
-    os.write(3, b"true" if bool(result == json.loads(job["expected"])) else b"false")
+    _write_all(3, encode_value(result))
 
 
 def _call_runner_shared(job: dict, namespace: dict) -> None:
     """lcb_runner's grade_call_based over all of a problem's tests (code_rules runner): the module executed once, one
     Solution (or the module) and its bound method for every test, in order, so what a test leaves (module globals,
     attributes, class-level caches, mutable defaults) is there in the next, as in the runner. The result fd gets a
-    line after the setup ("ready") and after each test ("true", "false" or "error", then its seconds), each of which
-    restarts the zygote's per-test clock. `stop_at_failure` stops at the first failing test, as the runner does."""
+    line after the setup ("ready") and after each test ("ok SECONDS VALUE", VALUE as `encode_value` writes it, or
+    "error SECONDS"), each of which restarts the zygote's per-test clock. The harness judges each line, and ends the
+    process at the first failure when it stops there, as the runner does."""
     import time as clock
     import traceback
 
     json = __import__("json")
-    calls = [([json.loads(line) for line in args.split("\n")], json.loads(expected)) for args, expected in job["calls"]]
+    calls = [[json.loads(line) for line in args.split("\n")] for args in job["calls"]]
     owner = namespace["Solution"]() if "class Solution" in job["code"] else None
     method = getattr(owner, job["fn_name"]) if owner is not None else namespace[job["fn_name"]]
     os.write(3, b"ready\n")
-    for args, expected in calls:
+    for args in calls:
         start = clock.perf_counter()
         try:
             result = method(*args)
+            seconds = clock.perf_counter() - start  # the call alone, as the runner times it
             if isinstance(result, tuple):
                 result = list(result)
-            word = "true" if result == expected else "false"  # bool() of an array raises: an error there too
+            line = b"ok %.4f %s\n" % (seconds, encode_value(result))
         except MemoryError:
             raise  # the process's memory_limit names this test
         except (Exception, SystemExit):  # noqa: BLE001 - the runner's -4 (a SystemExit there fails every test)
             traceback.print_exc()
-            word = "error"
-        os.write(3, f"{word} {clock.perf_counter() - start:.4f}\n".encode())
-        if word != "true" and job["stop_at_failure"]:
-            return
+            line = b"error %.4f\n" % (clock.perf_counter() - start)
+        _write_all(3, line)
 
 
 # --- the zygote side ---------------------------------------------------------------------------
@@ -440,7 +509,10 @@ def _sweep() -> None:
         time.sleep(0.001)
 
 
-def run_job(job: dict, state: dict) -> dict:
+def run_job(job: dict, state: dict, harness: tuple | None = None) -> dict:
+    """Run one job in a fresh child and collect what it wrote. `harness`: this zygote's own (stdin, stdout) streams;
+    a shared-module run with `report_lines` sends the harness each complete result line as it comes ({"lines": ...})
+    and ends the program when the harness answers {"stop": True} (it judged a test failed)."""
     workdir = tempfile.mkdtemp(prefix="job-", dir=state["workdir_root"])
     if state["uid"] is not None:
         os.chown(workdir, state["uid"], state["uid"])
@@ -475,7 +547,14 @@ def run_job(job: dict, state: dict) -> dict:
     for fd in (out_r, err_r, res_r, pidfd):
         poller.register(fd, select.POLLIN)
     open_fds = {out_r, err_r, res_r}
-    timed_out = output_exceeded = exited = False
+    report = harness is not None and job.get("report_lines")
+    if report:
+        poller.register(0, select.POLLIN)
+    # A shared-module run: the "ready" line and each test's but the last restart the clock; extra lines the program
+    # writes itself buy it no time.
+    resets = len(job["calls"]) if job.get("calls") is not None else 0
+    lines = sent = 0
+    timed_out = output_exceeded = exited = stopped = False
     while open_fds or not exited:
         left = deadline - time.monotonic()
         if left <= 0:
@@ -486,18 +565,33 @@ def run_job(job: dict, state: dict) -> dict:
                 exited = True
                 poller.unregister(pidfd)
                 continue
+            if fd == 0:
+                message = _read_message(harness[0])  # type: ignore[index]
+                if message is None:  # the harness closed our stdin: finish this job as usual
+                    poller.unregister(0)
+                stopped = bool(message and message.get("stop"))
+                if stopped:
+                    break
+                continue
             chunk = os.read(fd, 1 << 16)
             if not chunk:
                 poller.unregister(fd)
                 open_fds.discard(fd)
                 continue
-            if fd == res_r and job.get("calls") is not None and b"\n" in chunk and not exited:
-                deadline = time.monotonic() + job["timeout_s"]  # a shared-module run: each test its own time
+            if fd == res_r and b"\n" in chunk and not exited:
+                if lines < resets:
+                    deadline = time.monotonic() + job["timeout_s"]  # a shared-module run: each test its own time
+                lines += chunk.count(b"\n")
             room = caps[fd] - len(bufs[fd])
             bufs[fd] += chunk[:max(room, 0)]
             if len(chunk) > room and fd != err_r:  # stderr is only kept for messages: drop the rest
                 output_exceeded = True
-        if output_exceeded:
+            if report and fd == res_r:
+                end = bufs[res_r].rfind(b"\n") + 1
+                if end > sent:
+                    _write_message(harness[1], {"lines": bytes(bufs[res_r][sent:end])})  # type: ignore[index]
+                    sent = end
+        if output_exceeded or stopped:
             break
         if exited:
             # The program is gone; its pipes reach EOF at once unless a stray process still holds them.
@@ -518,6 +612,7 @@ def run_job(job: dict, state: dict) -> dict:
         "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
         "timed_out": timed_out,
         "output_exceeded": output_exceeded,
+        "stopped": stopped,
         "wall_s": wall,
         "cpu_s": usage.ru_utime + usage.ru_stime,
         "maxrss_kb": usage.ru_maxrss,
@@ -657,6 +752,14 @@ def _import_through_fds(read_fds: list[tuple[int, str]], stdlib: set[str]) -> No
 def main() -> None:
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     config = _read_message(stdin)
+    if config is None:
+        return
+    # Die with the harness, even a SIGKILLed one stuck mid-job (EOF on stdin is only read between jobs); the
+    # program's child dies with us in turn (its own parent-death signal). Checked after the request: a harness
+    # gone before it sends no signal.
+    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != config["parent_pid"]:
+        os._exit(1)
     reply = _setup(config)
     state = reply.pop("state", None)
     _write_message(stdout, reply)
@@ -666,8 +769,10 @@ def main() -> None:
         job = _read_message(stdin)
         if job is None:
             return
+        if job.get("stop"):
+            continue  # a stop that crossed its job's end: nothing is left to stop
         try:
-            result = run_job(job, state)
+            result = run_job(job, state, (stdin, stdout))
         except Exception as exc:  # noqa: BLE001 - the harness turns this into sandbox_error
             result = {"error": repr(exc)}
         _write_message(stdout, result)

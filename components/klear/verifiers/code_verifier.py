@@ -12,17 +12,19 @@ import json
 import math
 import random
 import re
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from decimal import Decimal, InvalidOperation
 from typing import Any, Literal
 
 from klear.common.chat import THINK_CLOSE
+from klear.verifiers._zygote import decode_value
 from klear.verifiers.config import LCB_RULES, VerifierConfig
 from klear.verifiers.sandbox import RunResult, SandboxPool
 
 __all__ = ["CodeResult", "CodeVerifier", "TestCase", "compare_stdout", "compare_stdout_lcb", "extract_program",
-           "extract_program_lcb", "select_tests", "shared_call_verdicts"]
+           "extract_program_lcb", "lcb_call_verdict", "select_tests", "shared_call_verdicts"]
 
 Verdict = Literal["passed", "wrong_answer", "runtime_error", "timeout", "memory_limit", "output_limit",
                   "sandbox_error", "not_run"]
@@ -184,42 +186,99 @@ class TestCase:
         return cls(str(d["input"]), str(d["output"]), testtype)
 
 
+def _whole_number(digits: str) -> int:
+    """A JSON integer of any length (int() refuses more than 4,300 digits at once; lcb_runner raised its limit)."""
+    sign, body = (-1, digits[1:]) if digits.startswith("-") else (1, digits)
+    value = 0
+    for i in range(0, len(body), 4000):
+        value = value * 10 ** len(body[i:i + 4000]) + int(body[i:i + 4000])
+    return sign * value
+
+
+def lcb_call_verdict(result: bytes, expected: str) -> Verdict:
+    """lcb_runner's call-based check, made here and not in the program's process (which can write anything on any
+    channel it holds): the returned value as _zygote.encode_value wrote it, `==` the expected JSON value. A result
+    that is not one such value (bytes the program wrote itself, alone or around the harness's) is a runtime error;
+    an expected output that is no JSON too, as the runner's json.loads raising there."""
+    try:
+        got = decode_value(result)
+        return "passed" if got == json.loads(expected, parse_int=_whole_number) else "wrong_answer"
+    except (ValueError, TypeError, RecursionError):
+        return "runtime_error"
+
+
 def verdict_of(run: RunResult, test: TestCase, rules: str = "strict") -> Verdict:
     """Verdict of one run against its test, under the strict or lcb_runner's comparison (official, runner)."""
-    lcb = rules in LCB_RULES
     if run.status != "ok":
         return run.status  # type: ignore[return-value]
-    if test.testtype == "functional":  # official: the sandboxed process compared the value itself
-        ok = run.result == b"true" if lcb else compare_functional(run.result, test.output)
-    elif lcb:
+    if test.testtype == "functional":
+        if rules in LCB_RULES:
+            return lcb_call_verdict(run.result, test.output)
+        ok = compare_functional(run.result, test.output)
+    elif rules in LCB_RULES:
         ok = compare_stdout_lcb(run.stdout.decode("utf-8", "replace"), test.output)
     else:
         ok = compare_stdout(run.stdout.decode("utf-8", "replace"), test.output)
     return "passed" if ok else "wrong_answer"
 
 
-_SHARED_WORDS: dict[str, Verdict] = {"true": "passed", "false": "wrong_answer", "error": "runtime_error"}
+def shared_line_verdict(line: str, expected: str) -> tuple[Verdict, float]:
+    """(verdict, seconds) of one test's line of a shared-module run: "ok SECONDS VALUE" judged here, "error SECONDS"
+    a runtime error; any other line (the program's own) a runtime error too."""
+    word, _, rest = line.partition(" ")
+    seconds_text, _, value = rest.partition(" ")
+    try:
+        seconds = float(seconds_text)
+    except ValueError:
+        return "runtime_error", 0.0
+    if not math.isfinite(seconds) or seconds < 0:
+        return "runtime_error", 0.0
+    if word == "ok" and value:
+        return lcb_call_verdict(value.encode("ascii", "replace"), expected), seconds
+    return "runtime_error", seconds
 
 
-def shared_call_verdicts(run: RunResult, n_tests: int, stop_at_failure: bool = True) -> list[tuple[Verdict, float]]:
+def shared_call_verdicts(run: RunResult, expected: list[str], stop_at_failure: bool = True
+                         ) -> list[tuple[Verdict, float]]:
     """(verdict, seconds) of the tests a shared-module run (code_rules runner, call-based) got to, in order, from its
-    result lines: "ready" after the module's setup, then "true|false|error SECONDS" per test. A run that ended
-    before a failure names the test it was on by its status (timeout, memory_limit, ...; a clean early end, as a
-    SystemExit, is a runtime error); the tests after the last one listed were not run (after a failure, when the
-    run was to stop there)."""
-    lines = run.result.decode("ascii", "replace").split("\n")[:-1]  # complete lines only
+    result lines: "ready" after the module's setup, then one line per test (`shared_line_verdict`) judged against
+    `expected`, stopping after the first failure when the run was to stop there. Lines the harness did not write
+    fail the test they land on: one before "ready" the first, one after the last test's line the last. A run that
+    ended before a failure names the test it was on by its status (timeout, memory_limit, ...; a clean early end,
+    as a SystemExit, is a runtime error); the tests after the last one listed were not run."""
+    *lines, rest = run.result.decode("ascii", "replace").split("\n")  # rest: after the last newline
     out: list[tuple[Verdict, float]] = []
-    for line in lines[1:] if lines[:1] == ["ready"] else []:
-        word, _, seconds = line.partition(" ")
-        try:
-            out.append((_SHARED_WORDS.get(word, "sandbox_error"), float(seconds)))
-        except ValueError:
-            out.append(("sandbox_error", 0.0))
-    out = out[:n_tests]
-    if len(out) < n_tests and (not out or out[-1][0] == "passed" or not stop_at_failure):
+    if lines[:1] == ["ready"]:
+        out = [shared_line_verdict(line, want) for line, want in zip(lines[1:], expected)]
+        if out and len(out) == len(expected) and (len(lines) - 1 > len(expected) or rest):
+            out[-1] = ("runtime_error", out[-1][1])
+    if stop_at_failure:
+        failed = next((i for i, (verdict, _) in enumerate(out) if verdict != "passed"), None)
+        out = out if failed is None else out[:failed + 1]
+    if len(out) < len(expected) and (not out or out[-1][0] == "passed" or not stop_at_failure):
         status = run.status if run.status != "ok" else "runtime_error"
         out.append((status, max(run.wall_s - sum(t for _, t in out), 0.0)))  # type: ignore[arg-type]
     return out
+
+
+def first_failure_watch(expected: list[str]) -> Callable[[bytes], bool]:
+    """A shared-module run's `stop_when` in first-failure mode: judges each result line as it comes and says stop
+    at the first failing test (or a line the harness did not write), as lcb_runner stops there."""
+    seen = 0  # lines judged so far, "ready" included
+
+    def stop_when(chunk: bytes) -> bool:
+        nonlocal seen
+        for line in chunk.decode("ascii", "replace").split("\n")[:-1]:
+            if seen == 0:
+                failed = line != "ready"
+            else:
+                failed = seen > len(expected) or shared_line_verdict(line, expected[seen - 1])[0] != "passed"
+            seen += 1
+            if failed:
+                return True
+        return False
+
+    return stop_when
 
 
 def _entry(verdict: Verdict, seconds: float, run: RunResult) -> dict[str, Any]:
@@ -262,7 +321,7 @@ class CodeVerifier:
         if test.testtype == "functional":
             if not fn_name:
                 raise ValueError("functional test without fn_name")
-            run = self.pool.run(program, fn_name=fn_name, args=test.input, timeout_s=timeout_s, expected=test.output)
+            run = self.pool.run(program, fn_name=fn_name, args=test.input, timeout_s=timeout_s)
         else:
             run = self.pool.run(program, test.input, timeout_s=timeout_s)
         return _entry(verdict_of(run, test, self.config.code_rules), run.wall_s, run)
@@ -276,9 +335,10 @@ class CodeVerifier:
         entries: list[dict] = []
         todo = tests
         while todo:
-            run = self.pool.run(program, fn_name=fn_name, calls=[(t.input, t.output) for _, t in todo],
-                                timeout_s=timeout_s, stop_at_failure=mode == "first-failure")
-            got = shared_call_verdicts(run, len(todo), mode == "first-failure")
+            expected = [t.output for _, t in todo]  # never sent to the program's process: judged here
+            run = self.pool.run(program, fn_name=fn_name, calls=[t.input for _, t in todo], timeout_s=timeout_s,
+                                stop_when=first_failure_watch(expected) if mode == "first-failure" else None)
+            got = shared_call_verdicts(run, expected, mode == "first-failure")
             entries += [{"index": i, **_entry(verdict, seconds, run)} for (i, _), (verdict, seconds) in zip(todo, got)]
             todo = todo[len(got):]
             if mode == "first-failure" and got[-1][0] != "passed":

@@ -3,7 +3,8 @@
 A `SandboxPool` holds one zygote per worker slot (see `_zygote.py` for what each child gets: rlimits,
 per-slot uid, Landlock, seccomp, process-group kill, output cap). The pool is thread-safe: callers
 submit from any number of threads, each job takes a free slot. If a zygote stops answering within a
-job's budget plus a margin, it is killed and restarted, so every call returns in bounded time.
+job's budget plus a margin, it is killed and restarted, so every call returns in bounded time. Zygotes, and
+so the programs they run, die with the process that started the pool, however it ends.
 """
 
 from __future__ import annotations
@@ -21,12 +22,14 @@ import sys
 import sysconfig
 import tempfile
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
 from klear.common.parallel import resolve_workers
+from klear.common.workers import spawn
 from klear.verifiers.config import VerifierConfig
 
 __all__ = ["RunResult", "SandboxPool", "SandboxUnavailable", "kernel_support", "package_trees"]
@@ -51,7 +54,7 @@ class RunResult:
     status: str  # ok, runtime_error, timeout, memory_limit, output_limit, sandbox_error
     stdout: bytes = b""
     stderr: bytes = b""
-    result: bytes = b""  # functional mode: JSON of the return value
+    result: bytes = b""  # functional mode: the returned value (strict: JSON; official, runner: _zygote.encode_value)
     wall_s: float = 0.0
     cpu_s: float = 0.0
     maxrss_kb: int = 0
@@ -84,6 +87,8 @@ def classify(raw: dict) -> str:
         return "sandbox_error"
     if raw["output_exceeded"]:
         return "output_limit"
+    if raw.get("stopped"):
+        return "ok"  # ended by the harness, which had judged what it needed
     if raw["timed_out"] or raw["signal"] == signal.SIGXCPU:
         return "timeout"
     if raw["signal"] == signal.SIGKILL:
@@ -160,14 +165,16 @@ class _Slot:
         self.info: dict = {}
 
     def start(self) -> None:
-        self.proc = subprocess.Popen(
+        # spawn: started from a thread that lives as long as this process, so the zygote's parent-death signal
+        # (see _zygote.main) fires when this process ends, not when the calling thread (an executor's) does.
+        self.proc = spawn(
             [sys.executable, "-I", "-S", str(ZYGOTE)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None,
             # Nothing of ours reaches the zygote: no AWS keys, tokens, proxies, PYTHON* variables.
             env={"MALLOC_ARENA_MAX": "1", "LANG": "C.UTF-8", "PATH": "/usr/bin:/bin"},
             close_fds=True, start_new_session=True, cwd=self.setup["workdir_root"],
         )
-        self._send(self.setup)
+        self._send({**self.setup, "parent_pid": os.getpid()})  # its environment is scrubbed: no pid there
         reply = self._recv(time.monotonic() + 60)
         if reply is None or not reply.get("ok"):
             error = (reply or {}).get("error", "zygote did not start")
@@ -207,14 +214,26 @@ class _Slot:
         body = self._read_exact(struct.unpack(">I", header)[0], deadline)
         return None if body is None else pickle.loads(body)
 
-    def run(self, job: dict) -> dict:
+    def run(self, job: dict, stop_when: Callable[[bytes], bool] | None = None) -> dict:
+        """The zygote's reply to `job`. `stop_when`: called with each batch of complete result lines as the program
+        writes them (job["report_lines"]); once it returns True the zygote is told to end the program."""
         if self.proc is None or self.proc.poll() is not None:
             self.start()
         try:
             self._send(job)
-            reply = self._recv(time.monotonic() + job["budget_s"] + _REPLY_MARGIN_S)
+            deadline = time.monotonic() + job["budget_s"] + _REPLY_MARGIN_S
+            reply = self._recv(deadline)
+            stopping = False
+            while reply is not None and "lines" in reply:
+                if not stopping and stop_when is not None and stop_when(reply["lines"]):
+                    self._send({"stop": True})
+                    stopping = True
+                reply = self._recv(deadline)
         except (BrokenPipeError, OSError) as exc:
             reply = {"error": f"zygote pipe: {exc!r}"}
+        except BaseException:
+            self.kill()  # mid-job: what the zygote sends next belongs to this job, not the slot's next one
+            raise
         if reply is None:
             reply = {"error": "zygote did not answer in time"}
         if "error" in reply:
@@ -320,19 +339,21 @@ class SandboxPool:
                  info.get("seccomp"), self.uids if use_uid else "shared")
 
     def run(self, code: str, stdin: str | bytes = b"", *, fn_name: str | None = None, args: str = "",
-            timeout_s: float | None = None, expected: str = "", calls: list[tuple[str, str]] | None = None,
-            stop_at_failure: bool = True) -> RunResult:
-        """Run one program. stdin mode feeds `stdin`; functional mode calls Solution().fn_name(*args) (official
-        rules: compares the result with `expected` in the program's process, as lcb_runner does). `calls`
-        ((args, expected) of each test; runner rules, with fn_name): every test in this one process sharing one
-        module and Solution, `timeout_s` each; `result` holds a line per test (see _zygote._call_runner_shared)."""
+            timeout_s: float | None = None, calls: list[str] | None = None,
+            stop_when: Callable[[bytes], bool] | None = None) -> RunResult:
+        """Run one program. stdin mode feeds `stdin`; functional mode calls Solution().fn_name(*args), its result in
+        `result`. `calls` (the args of each test; runner rules, with fn_name): every test in this one process
+        sharing one module and Solution, `timeout_s` each; `result` holds a line per test (see
+        _zygote._call_runner_shared), and `stop_when` (see _Slot.run) may end the process early. No expected
+        output is ever sent here: whatever the program's process holds, it can read, and whatever channel it has,
+        it can write, so verdicts are the caller's to compute from what the program produced."""
         c = self.config
         timeout = float(timeout_s or c.timeout_s)
         steps = len(calls) + 1 if calls is not None else 1  # the module's setup, then each test
         job: dict[str, Any] = {
-            "calls": calls, "stop_at_failure": stop_at_failure, "budget_s": timeout * steps,
+            "calls": calls, "report_lines": stop_when is not None, "budget_s": timeout * steps,
             "cpu_limit_s": (int(timeout) + 1) * steps,
-            "rules": c.code_rules, "expected": expected,
+            "rules": c.code_rules,
             "code": code, "stdin": stdin.encode() if isinstance(stdin, str) else stdin,
             "fn_name": fn_name, "args": args, "timeout_s": timeout,
             "memory_mb": c.memory_mb, "output_limit": c.output_limit_bytes, "file_limit": c.file_limit_bytes,
@@ -340,7 +361,7 @@ class SandboxPool:
         }
         slot = self._slots.get()
         try:
-            raw = slot.run(job)
+            raw = slot.run(job, stop_when)
         finally:
             self._slots.put(slot)
         if raw.get("error"):
