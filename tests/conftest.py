@@ -1,11 +1,16 @@
 """Shared fixtures: a real SeaweedFS S3 server on loopback for the whole session, fresh buckets per test;
-the tiny model and the demo data, built once per session for the training stages."""
+the tiny model and the demo data, built once per session for the training stages. The session fails when a
+process it started is still running at its end."""
 
 from __future__ import annotations
 
 import itertools
 import os
+import signal
 import socket
+import sys
+import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +22,14 @@ import pytest
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from pipelines import local_s3 as s3server
+from tests.processes import alive
+
+# Every process this session starts inherits the marker (a worker keeps it: it is no secret); one still running at
+# the end is a leak, such as a worker stuck in an item that outlived its killed stage. Always a new one: a pytest
+# started by a test checks its own processes.
+SESSION_ENV = "KLEAR_TEST_SESSION"
+os.environ[SESSION_ENV] = uuid.uuid4().hex
+LEFTOVER_GRACE_S = 10.0  # for processes still exiting at the end (a server's workers after its leader stopped)
 
 DEMO_FILES = ("math.jsonl", "code.jsonl")
 
@@ -93,3 +106,48 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def demo_files(demo: Path) -> list[str]:
     return [str(demo / name) for name in DEMO_FILES]
+
+
+# --- nothing left running ---------------------------------------------------------------------------------
+def _left_running() -> dict[int, str]:
+    """Live processes, this one aside, whose environment carries this session's marker: pid -> command line."""
+    marker = f"{SESSION_ENV}={os.environ[SESSION_ENV]}".encode()
+    found = {}
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        pid = int(environ.parent.name)
+        try:
+            if pid != os.getpid() and marker in environ.read_bytes().split(b"\0") and alive(pid):
+                found[pid] = (environ.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue  # ended while we looked, or another user's
+    return found
+
+
+_leftovers: dict[int, str] = {}
+
+
+@pytest.hookimpl(trylast=True)  # after pytest's own, which stops the session's fixtures (the S3 server)
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Fail the session when a process it started outlived it; kill those (a stuck one would burn a core for ever)."""
+    wandb = sys.modules.get("wandb")
+    if wandb is not None:  # its service process lives as long as the process that used it: this one
+        wandb.teardown()
+    deadline = time.monotonic() + LEFTOVER_GRACE_S
+    while (left := _left_running()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    _leftovers.update(left)
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    if left and session.exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if _leftovers:
+        terminalreporter.write_sep("=", f"{len(_leftovers)} process(es) of this session left running (killed now)",
+                                   red=True)
+        for pid, cmdline in sorted(_leftovers.items()):
+            terminalreporter.write_line(f"pid {pid}: {cmdline[:300]}")

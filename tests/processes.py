@@ -22,6 +22,23 @@ def alive(pid: int) -> bool:
         return False
 
 
+def descendants(pid: int) -> list[int]:
+    """The live processes under `pid`: its children, their children and so on (read from /proc)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # ended while we looked
+        children.setdefault(ppid, []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        below = children.get(todo.pop(), [])
+        found += below
+        todo += below
+    return [p for p in found if alive(p)]
+
+
 def gone_soon(pid: int, within_s: float = 3.0) -> bool:
     deadline = time.monotonic() + within_s
     while alive(pid) and time.monotonic() < deadline:

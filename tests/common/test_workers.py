@@ -1,11 +1,14 @@
-"""WorkerPool: scrubbed environments, budgets with process-group kills, crashes, start failures, order
-(real worker processes running tests.common.pool_worker, no mocks)."""
+"""WorkerPool: scrubbed environments, budgets with process-group kills, crashes, start failures, order, workers
+dying with a killed parent (real worker processes running tests.common.pool_worker, no mocks)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -15,7 +18,7 @@ import pytest
 
 from klear.common.workers import Reply, WorkerPool, scrubbed_env
 from klear.verifiers import MathVerifier, VerifierConfig
-from tests.processes import alive, gone_soon
+from tests.processes import alive, descendants, gone_soon
 
 WORKER = "tests.common.pool_worker"
 BUDGET_S = 1.0
@@ -189,3 +192,71 @@ def test_concurrent_runs_take_turns(pool: WorkerPool) -> None:
         t.join(30)
     for tag in "ab":
         assert [r.value[0] for r in results[tag]] == [f"{tag}{i}" for i in range(8)]
+
+
+# --- dying with the parent --------------------------------------------------------------------------------
+def _killed_while_busy(script: str, pid_files: list[Path]) -> list[int]:
+    """Run `script` in a fresh interpreter, wait until every pid file is written (its workers are stuck in an
+    item), SIGKILL it; returns what was running under it then and is still running 5 s later."""
+    parent = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE)
+    tree: list[int] = []
+    try:
+        deadline = time.monotonic() + 60
+        while not all(f.exists() and f.read_text() for f in pid_files):
+            if parent.poll() is not None:
+                pytest.fail(f"exited with {parent.returncode}: {parent.communicate()[1].decode()[-2000:]}")
+            assert time.monotonic() < deadline, "its workers did not write their pid files within 60 s"
+            time.sleep(0.05)
+        tree = descendants(parent.pid)
+        parent.kill()
+        parent.wait()
+        deadline = time.monotonic() + 5
+        return [pid for pid in tree if not gone_soon(pid, max(0.0, deadline - time.monotonic()))]
+    finally:
+        parent.kill()
+        parent.wait()
+        for pid in filter(alive, tree):  # what a failure left running
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_a_killed_parent_takes_its_busy_workers_and_their_children_along(tmp_path: Path) -> None:
+    pid_file = tmp_path / "pids"
+    script = (f"from klear.common.workers import WorkerPool\n"
+              f"WorkerPool({WORKER!r}, workers=1, setup={{}}, item_timeout_s=600).run("
+              f"[{{'action': 'hang', 'pid_file': {str(pid_file)!r}}}])\n")
+    assert _killed_while_busy(script, [pid_file]) == []
+    worker, child = map(int, pid_file.read_text().split())
+    assert not alive(worker) and not alive(child)
+
+
+def test_ordered_map_workers_die_with_a_killed_parent(tmp_path: Path) -> None:
+    pid_files = [tmp_path / f"{i}.pid" for i in range(2)]
+    script = ("import os, time\n"
+              "from klear.common.parallel import ordered_map\n"
+              "def hang(path):\n"
+              "    open(path, 'w').write(str(os.getpid()))\n"
+              "    time.sleep(600)\n"
+              f"list(ordered_map(hang, {[str(f) for f in pid_files]!r}, workers=2))\n")
+    assert _killed_while_busy(script, pid_files) == []
+
+
+def test_a_worker_lives_on_after_the_thread_that_started_it(tmp_path: Path) -> None:
+    # A worker dies with the thread that started it, were it started from that thread; a caller's short-lived
+    # thread (a ThreadPoolExecutor's) starts workers that serve later calls from other threads.
+    with WorkerPool(WORKER, workers=1, setup={}, item_timeout_s=10) as p:
+        starter = threading.Thread(target=p.run, args=([_value(0)],))
+        starter.start()
+        starter.join(60)
+        [pid] = p.pids()
+        time.sleep(0.5)
+        assert alive(pid)
+        [reply] = p.run([_value(1)])
+        assert reply.value == (1, pid)
+
+
+def test_a_process_whose_parent_is_already_gone_ends_at_once() -> None:
+    # die_with_parent re-checks the parent after asking for the signal: one gone before the request sends none.
+    script = "from klear.common.workers import die_with_parent\ndie_with_parent(1)\nprint('still here')\n"
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == -signal.SIGKILL and "still here" not in done.stdout

@@ -1,12 +1,15 @@
 """The judge stage end to end: published outputs (local and on the real SeaweedFS S3 server), resume after a
-SIGKILL, bad input that publishes nothing."""
+SIGKILL, no worker outliving a SIGKILL, bad input that publishes nothing."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -30,6 +33,7 @@ from tests.judge.samples import (
     sample_row,
 )
 from tests.judge.scorers import LOG_ENV
+from tests.processes import alive, descendants, gone_soon
 
 CONFIG = load_config(JudgeConfig, "tiny", ["verifier.timeout_s=3.0"])
 
@@ -108,6 +112,37 @@ def test_a_killed_run_resumes_and_judges_only_what_is_missing(tmp_path: Path) ->
     assert report["totals"]["reused"] == 8 and report["totals"]["samples"] == 12
     assert report["totals"]["correct"] == 12
     assert not (out / "_scores").exists()
+
+
+def test_a_killed_stage_leaves_no_worker_behind(tmp_path: Path) -> None:
+    # Both workers stuck in a sample (one scorer with a child process of its own) when the stage is SIGKILLed,
+    # as a pod or a workstation run dies: nothing of the stage may go on running.
+    rows = [sample_row(f"p{i}", 0, boxed(a), math_record(f"p{i}", "1")) for i, a in enumerate(["HANG", "SPAWN"])]
+    samples = publish_samples(rows, str(tmp_path / "samples"))
+    log, errors = tmp_path / "scored.log", tmp_path / "stderr.txt"
+    cmd = [sys.executable, "-m", "klear.cli", "judge", "--samples", samples, "--output", str(tmp_path / "judged"),
+           "--config", "tiny", "--set", "math_budget_s=600", "--set", "scorer=tests.judge.scorers:hostile"]
+    with open(errors, "wb") as sink:
+        stage = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=sink, env={**os.environ, LOG_ENV: str(log)})
+    tree: list[int] = []
+    try:
+        deadline = time.monotonic() + 120
+        while sorted(log.read_text().split() if log.exists() else []) != ["HANG", "SPAWN"]:
+            assert stage.poll() is None and time.monotonic() < deadline, errors.read_text()[-2000:]
+            time.sleep(0.1)
+        tree = descendants(stage.pid)  # the two workers (and what they started), the scorer's child
+        assert len(tree) >= 3, tree
+        os.kill(stage.pid, signal.SIGKILL)
+        stage.wait()
+        deadline = time.monotonic() + 5
+        left = [pid for pid in tree if not gone_soon(pid, max(0.0, deadline - time.monotonic()))]
+        assert left == [], [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in left]
+    finally:
+        stage.kill()
+        stage.wait()
+        for pid in filter(alive, tree):  # what a failure left running
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def test_bad_input_is_named_and_nothing_is_published(tmp_path: Path) -> None:

@@ -9,6 +9,8 @@ import os
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
+from klear.common.workers import die_with_parent
+
 T = TypeVar("T")
 R = TypeVar("R")
 
@@ -62,7 +64,10 @@ def ordered_map(
         return
     # fork: workers inherit the (read-only) state built by the initializer's arguments cheaply.
     context = multiprocessing.get_context("fork")
-    with context.Pool(workers, initializer=initializer, initargs=initargs) as pool:
+    # Workers die with this process (die_with_parent); strictly, with the thread that forks them: the one iterating
+    # here (the pool's own thread for a replacement), so iterate on a thread that lives as long as the map.
+    setup = (os.getpid(), initializer, initargs)
+    with context.Pool(workers, initializer=_start_worker, initargs=setup) as pool:
         pending: collections.deque[Any] = collections.deque()
         for item in items:
             pending.append(pool.apply_async(fn, (item,)))
@@ -70,3 +75,9 @@ def ordered_map(
                 yield pending.popleft().get()
         while pending:
             yield pending.popleft().get()
+
+
+def _start_worker(parent: int, initializer: Callable[..., None] | None, initargs: tuple[Any, ...]) -> None:
+    die_with_parent(parent)  # a worker busy in an item would otherwise outlive a killed stage
+    if initializer is not None:
+        initializer(*initargs)

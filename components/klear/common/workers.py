@@ -4,7 +4,8 @@ Only a process-level kill stops CPU-bound code (a sympy blow-up, a stuck sandbox
 timeouts do not. Callers are often multi-threaded with torch loaded, so workers are plain `python -m MODULE`
 subprocesses (no fork; spawn would re-import the caller's __main__), each in its own session so that killing
 the session's process group on overrun takes the worker's children with it. Workers never see the caller's
-secrets (see `scrubbed_env`).
+secrets (see `scrubbed_env`). A worker dies with the process that started it, even one SIGKILLed while the
+worker is stuck in an item, and takes its process group along (see `die_with_parent`, `spawn`).
 
     # the parent
     with WorkerPool("my_pkg.my_worker", workers=4, setup=payload, item_timeout_s=10) as pool:
@@ -22,10 +23,12 @@ Must stay importable without torch: it imports nothing from klear outside klear.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import importlib
 import logging
 import os
 import pickle
+import queue
 import re
 import signal
 import subprocess
@@ -34,11 +37,12 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 
-__all__ = ["Reply", "WorkerPool", "scrubbed_env", "serve"]
+__all__ = ["Reply", "WorkerPool", "die_with_parent", "scrubbed_env", "serve", "spawn"]
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +52,9 @@ _SECRET_ENV = re.compile(
     r"^(AWS|AZURE|GCP|GOOGLE)_|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH|(^|_)KEYS?(_|$)|PROXY", re.IGNORECASE)
 
 _MESSAGE_CHARS = 500  # error texts sent back are cut: a huge exception message must not flood the caller
+
+_PARENT_ENV = "KLEAR_WORKER_PARENT"  # the pid of the process that started a worker, for its death check
+_PR_SET_PDEATHSIG, _PR_SET_NAME = 1, 15  # prctl options (linux/prctl.h)
 
 
 def scrubbed_env(environ: Mapping[str, str], sys_path: Sequence[str]) -> dict[str, str]:
@@ -62,14 +69,113 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"[:_MESSAGE_CHARS]
 
 
+# --- dying with the parent --------------------------------------------------------------------------------
+def _prctl(option: int, arg: int | bytes) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(option, arg, 0, 0, 0) != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"prctl({option}): {os.strerror(errno)}")
+
+
+def _on_parent_death(parent: int, sig: int) -> bool:
+    """Ask the kernel for `sig` when this process's parent ends; False when `parent` has already ended (this
+    process was re-parented before the request, so no signal would come). Linux only: elsewhere always True."""
+    if not sys.platform.startswith("linux"):
+        return True
+    _prctl(_PR_SET_PDEATHSIG, sig)
+    return os.getppid() == parent  # checked after the request: a parent dying after it is signalled
+
+
+def die_with_parent(parent: int) -> None:
+    """SIGKILL this process when `parent`, the process that started it, ends, however it ends (a SIGKILLed stage
+    runs no cleanup); now if it has already ended. Call it first thing in the child.
+
+    The kernel sends the signal when the parent's *thread* that started this process ends, not only the whole
+    process: start such children from a thread that lives as long as the parent (the main thread, or `spawn`).
+    """
+    if not _on_parent_death(parent, signal.SIGKILL):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+_SpawnJob = tuple[Future[subprocess.Popen[Any]], list[str], dict[str, Any]]
+_spawner: tuple[int, queue.SimpleQueue[_SpawnJob]] | None = None  # (pid that started the thread, its job queue)
+_spawner_lock = threading.Lock()
+
+
+def spawn(argv: Sequence[str], **popen_kwargs: Any) -> subprocess.Popen[Any]:
+    """`subprocess.Popen(argv, **popen_kwargs)` started from one thread that lives as long as this process, so
+    a child calling `die_with_parent` dies with this process, not with the caller's thread (the caller may be a
+    short-lived ThreadPoolExecutor thread while the worker it starts serves later calls from other threads)."""
+    global _spawner
+    with _spawner_lock:
+        if _spawner is None or _spawner[0] != os.getpid():  # none yet, or a forked copy, whose thread stayed behind
+            jobs: queue.SimpleQueue[_SpawnJob] = queue.SimpleQueue()
+            threading.Thread(target=_spawn_loop, args=(jobs,), name="klear-worker-spawner", daemon=True).start()
+            _spawner = (os.getpid(), jobs)
+        jobs = _spawner[1]
+    started: Future[subprocess.Popen[Any]] = Future()
+    jobs.put((started, list(argv), popen_kwargs))
+    return started.result()
+
+
+def _spawn_loop(jobs: queue.SimpleQueue[_SpawnJob]) -> None:
+    while True:
+        started, argv, popen_kwargs = jobs.get()
+        try:
+            started.set_result(subprocess.Popen(argv, **popen_kwargs))
+        except BaseException as exc:  # noqa: BLE001 - raised in the caller's thread by result()
+            started.set_exception(exc)
+
+
+def _reset_spawner_lock() -> None:
+    global _spawner_lock
+    _spawner_lock = threading.Lock()  # a fork while another thread held it would leave the child's copy locked
+
+
+os.register_at_fork(after_in_child=_reset_spawner_lock)
+
+
+def _guard_group() -> None:
+    """Fork a guard that SIGKILLs this worker's process group as soon as the worker ends, however it ends: a
+    worker killed with its parent cannot kill its own children (a scorer's subprocess) the way an overrun does.
+    Linux only; the worker must lead its process group."""
+    if not sys.platform.startswith("linux"):
+        return
+    worker, wake = os.getpid(), {signal.SIGUSR1}
+    signal.pthread_sigmask(signal.SIG_BLOCK, wake)  # blocked before the fork: the guard cannot miss the signal
+    try:
+        if os.fork() == 0:
+            _guard(worker, wake)
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, wake)
+
+
+def _guard(worker: int, wake: set[signal.Signals]) -> NoReturn:
+    try:
+        os.closerange(0, 1 << 16)  # holds none of the worker's pipes open: the pool sees the worker's EOF at once
+        with contextlib.suppress(OSError):
+            _prctl(_PR_SET_NAME, b"klear-guard")  # how ps and top name it (its cmdline is the worker's)
+        if _on_parent_death(worker, signal.SIGUSR1):
+            signal.sigwait(wake)
+        os.killpg(0, signal.SIGKILL)  # the worker's group, the guard included
+    finally:
+        os._exit(0)  # a guard that could not be set up leaves quietly; it never returns into the worker's code
+
+
 # --- the worker side --------------------------------------------------------------------------------------
 def serve(make_handler: Callable[[Any], Callable[[Any], Any]]) -> None:
     """Run a worker: read the setup payload, build the handler, say ready, then answer items until EOF.
 
     Call it from the worker module's `if __name__ == "__main__":`, so items are handled on the main thread
     (SIGALRM-based timeouts, such as math-verify's, work only there). A handler exception is an error reply
-    and the worker goes on; an exception while building the handler is reported as a start failure.
+    and the worker goes on; an exception while building the handler is reported as a start failure. Started by a
+    pool, the worker dies with the pool's process and takes its process group (its children) along.
     """
+    parent = os.environ.pop(_PARENT_ENV, None)
+    if parent is not None:
+        die_with_parent(int(parent))
+        if os.getpgrp() == os.getpid():  # leads its own group (the pool's start_new_session): the guard may kill it
+            _guard_group()
     reader, writer = Connection(os.dup(0), writable=False), Connection(os.dup(1), readable=False)
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)  # the handler's children must not hold the item pipe open
@@ -117,8 +223,8 @@ class _Worker:
         self.start()
 
     def start(self) -> None:
-        self.proc = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=self.env,
-                                     close_fds=True, start_new_session=True)
+        self.proc = spawn(self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=self.env, close_fds=True,
+                          start_new_session=True)
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.conn = Connection(os.dup(self.proc.stdout.fileno()), writable=False)
         self.out = Connection(os.dup(self.proc.stdin.fileno()), readable=False)
@@ -215,7 +321,7 @@ class WorkerPool:
 
     def _start(self) -> None:
         # The environment is read at start: the caller's current one, scrubbed, shared by every replacement.
-        env = scrubbed_env(os.environ, sys.path)
+        env = {**scrubbed_env(os.environ, sys.path), _PARENT_ENV: str(os.getpid())}
         argv = [sys.executable, "-m", self.module]
         for i in range(self.workers):  # one by one: if a start raises, close() still finds those started
             self._procs.append(_Worker(argv, env, self._payload(i), self.start_timeout_s))
