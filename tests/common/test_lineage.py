@@ -14,6 +14,8 @@ from klear.cli import main as klear
 from klear.common import lineage, model_card, storage
 from klear.common.config import load_config
 from klear.sft.config import SftConfig
+from tests.commands import klear as command  # the real command, in a process of its own
+from tests.common.test_markdown import FORGED_STAGE
 
 
 def _jsonl(path: Path, rows: list[dict[str, Any]]) -> str:
@@ -92,7 +94,7 @@ def test_a_model_card_parses_names_base_model_and_data_and_stays_outside_the_dig
     assert header["klear"]["data"] == [{"uri": data, "digest": storage.sha256_file(data)}]
     assert header["klear"]["hyperparameters"]["learning_rate"] == 8e-5
     assert header["klear"]["preset"] == {"preset": "tiny", "bases": [], "overrides": overrides}
-    assert "preset `tiny + learning_rate=8e-5 min_learning_rate=8e-6 num_epochs=4`" in text
+    assert "preset tiny + learning_rate=8e-5 min_learning_rate=8e-6 num_epochs=4." in text
     assert header["model-index"][0]["results"][0]["metrics"][0]["value"] == 12.5
     assert "## Lineage" in text and "flowchart TD" in text
     hub = pytest.importorskip("huggingface_hub")
@@ -169,3 +171,107 @@ def test_load_config_keeps_the_presets_a_config_was_built_from(tmp_path: Path) -
     assert describe_preset(preset_of(judge)) == "tiny + judge.task=math, section RlFilterConfig.judge"
     assert describe_preset(preset_of(load_config(SampleConfig))) == "defaults"
     assert preset_of({"not": "a loaded config"}) is None
+
+
+# --------------------------------------------------------------------------- hostile, malformed and moved manifests
+
+
+def _forge(output: str, change: Any) -> None:
+    """Edit the meta of a published output's manifest in place, as a tampered or buggy upstream writer would (the
+    manifest's file checksums, and so the output's digest, stay what they were)."""
+    path = Path(output) / storage.MANIFEST_NAME
+    body = json.loads(path.read_text())
+    change(body["meta"])
+    path.write_text(json.dumps(body))
+
+
+def _two_curations(tmp_path: Path) -> tuple[str, str]:
+    """curate, then curate again from the first's output: a chain with one upstream manifest."""
+    prompts = _jsonl(tmp_path / "p.jsonl", [{"id": f"p{i}", "prompt": f"how many apples are {i} and {i} together"}
+                                            for i in range(3)])
+    curated = str(tmp_path / "curated")
+    assert klear(["curate", "--input", prompts, "--output", curated, "--config", "tiny"]) == 0
+    again = str(tmp_path / "again")
+    assert klear(["curate", "--input", curated, "--output", again, "--config", "tiny"]) == 0
+    return curated, again
+
+
+def test_a_stage_forged_upstream_shows_as_one_line_of_text_and_plain_mermaid(tmp_path: Path) -> None:
+    curated, again = _two_curations(tmp_path)
+    _forge(curated, lambda meta: meta.update(stage=FORGED_STAGE))
+    mermaid = command("lineage", again, "--format", "mermaid")
+    assert mermaid.returncode == 0, mermaid.stderr[-3000:]
+    assert "<" not in mermaid.stdout and "`" not in mermaid.stdout, mermaid.stdout
+    assert all(line == "flowchart TD" or line.startswith("  n") for line in mermaid.stdout.splitlines())
+    done = command("lineage", again)  # the text, then the graph
+    assert done.returncode == 0, done.stderr[-3000:]
+    shown = FORGED_STAGE.replace("\n", "\\n")
+    assert f"{shown}  {curated}  digest" in done.stdout  # the value, on its own step's line
+    assert not any(line.startswith(("`", "<")) for line in done.stdout.splitlines()), done.stdout
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    pytest.param(lambda meta: meta["lineage"].update(inputs="notalist"),
+                 "meta.lineage.inputs must be a list, not str 'notalist'", id="inputs-not-a-list"),
+    pytest.param(lambda meta: meta["lineage"]["inputs"][0].pop("uri"), "meta.lineage.inputs[0] has no uri",
+                 id="input-without-uri"),
+    pytest.param(lambda meta: meta["lineage"]["inputs"].insert(0, 7), "meta.lineage.inputs[0] must be a mapping, not int 7",
+                 id="input-not-a-mapping"),
+    pytest.param(lambda meta: meta.update(lineage=["x"]), "meta.lineage must be a mapping, not list", id="lineage"),
+    pytest.param(lambda meta: meta.update(inputs="x"), "meta.inputs must be a mapping of role to URIs", id="roles"),
+    pytest.param(lambda meta: meta["lineage"]["preset"].update(bases=3), "meta.lineage.preset must be", id="preset"),
+    pytest.param(lambda meta: meta["lineage"].update(code=["x"]), "meta.lineage.code must be a mapping of strings",
+                 id="code"),
+    pytest.param(lambda meta: meta.update(stage=["curate"]), "meta.stage must be a string, not list", id="stage"),
+])
+def test_malformed_lineage_upstream_is_named_not_a_crash(tmp_path: Path, change: Any, message: str) -> None:
+    """`klear lineage` prints the chain as far as it is recorded; the malformed field is named with its manifest."""
+    curated, again = _two_curations(tmp_path)
+    _forge(curated, change)
+    named = f"{curated}/{storage.MANIFEST_NAME}: {message}"
+    for form in ("text", "json", "mermaid"):
+        done = command("lineage", again, "--format", form)
+        assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
+        assert named in done.stderr, done.stderr[-3000:]  # the warning
+        if form == "json":
+            (step,) = [step for step in json.loads(done.stdout) if step["uri"] == curated]
+            assert named in step["note"]
+        elif form == "text":
+            assert f"note: malformed lineage: {named}" in done.stdout
+
+
+def test_lineage_records_absolute_locations_and_flags_an_edited_source(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inputs typed relative to one folder, the chain read from another: the same files, one step per place, and a
+    source edited since is flagged as a republished input is."""
+    work, elsewhere = tmp_path / "work", tmp_path / "elsewhere"
+    (elsewhere / "out" / "curated").mkdir(parents=True)
+    work.mkdir()
+    monkeypatch.chdir(work)
+    rows = [{"id": f"p{i}", "prompt": f"how many pears are {i} and {i} together"} for i in range(3)]
+    _jsonl(work / "p.jsonl", rows)
+    _jsonl(elsewhere / "p.jsonl", rows[:1])  # same name, other folder: an unrelated file
+    assert klear(["curate", "--input", "p.jsonl", "--output", "out/curated", "--config", "tiny"]) == 0
+    assert klear(["curate", "--input", "./out/curated/", "--output", "out/again", "--config", "tiny"]) == 0
+    curated, again, prompts = str(work / "out" / "curated"), str(work / "out" / "again"), str(work / "p.jsonl")
+    recorded = storage.read_manifest(again).meta["lineage"]["inputs"][0]
+    assert (recorded["uri"], recorded["given"]) == (curated, "./out/curated/")
+
+    monkeypatch.chdir(elsewhere)
+    done = command("lineage", "../work/out/again", "../work/out/./curated/", "--format", "json")
+    assert done.returncode == 0, done.stderr[-3000:]
+    steps = json.loads(done.stdout)
+    assert [step["uri"] for step in steps if step["stage"]] == [again, curated]  # one step per place
+    by_uri = {step["uri"]: step for step in steps}
+    assert by_uri[again]["inputs"][0] == {"role": "input", "uri": curated, "digest": storage.content_digest(curated),
+                                          "changed": False}
+    assert by_uri[prompts]["digest"] == storage.sha256_file(prompts)  # the file curate read, not ./p.jsonl here
+    assert not any(edge["changed"] for step in steps for edge in step["inputs"])
+
+    _jsonl(work / "p.jsonl", rows[:2])  # the source edited after curate read it
+    done = command("lineage", again, "--format", "json")
+    edge = next(edge for edge in json.loads(done.stdout)[1]["inputs"] if edge["uri"] == prompts)
+    assert edge["changed"] and edge["digest"] != storage.sha256_file(prompts)
+    text = command("lineage", again).stdout
+    assert f"<- input: {prompts} (digest {edge['digest'][:12]})  CHANGED since (now " in text
+    assert "-. changed .->|input|" in text

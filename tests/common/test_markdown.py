@@ -10,10 +10,12 @@ from typing import Any
 
 import pytest
 
-from klear.common.markdown import escape, escaped, markdown_report
+from klear.common.markdown import escape, escaped, fence, markdown_report
 from tests.commands import jsonl, klear
 
 HOSTILE = "<img src=x onerror=alert(1)>|x"
+# A stage name forged in an upstream manifest that closes a code fence and opens HTML (issue #31).
+FORGED_STAGE = "curate\n```\n<img src=x onerror=alert(7)>\n```"
 ANSWER = "<think>\nTwo and two.\n</think>\n\n$\\boxed{4}$"
 
 
@@ -29,6 +31,37 @@ def _check_safe(markdown: str) -> None:
         if header_cells is None:
             header_cells = cells
         assert cells == header_cells, f"a row with {cells} pipes under a header with {header_cells}: {line}"
+
+
+def rendered_markup(markdown: str) -> list[str]:
+    """What a CommonMark renderer (markdown-it, the parser behind rich) turns into HTML or links rather than text,
+    and any "<" in a Mermaid block (Mermaid renders its labels' markup): [] when none."""
+    from markdown_it import MarkdownIt
+
+    found = []
+    tokens = MarkdownIt("commonmark").parse(markdown)
+    while tokens:
+        token = tokens.pop()
+        if token.type in ("html_block", "html_inline", "link_open", "image"):
+            found.append(f"{token.type}: {token.content or token.attrGet('href') or token.attrGet('src')}")
+        if token.type == "fence" and token.info == "mermaid" and "<" in token.content:
+            found.append(f"mermaid: {token.content}")
+        tokens += token.children or []
+    return found
+
+
+def fenced_blocks(markdown: str) -> list[tuple[str, str]]:
+    """(info, content) of every fenced code block, as a CommonMark renderer reads them."""
+    from markdown_it import MarkdownIt
+
+    return [(t.info, t.content) for t in MarkdownIt("commonmark").parse(markdown) if t.type == "fence"]
+
+
+@pytest.mark.parametrize("text", ["plain", FORGED_STAGE, "````\n<b>x</b>\n`````", "`", "a ``` b\n```"])
+def test_no_line_of_fenced_text_closes_its_fence(text: str) -> None:
+    markdown = f"before\n\n{fence(text, 'json')}\n\n<after>"
+    assert fenced_blocks(markdown) == [("json", text + "\n")]
+    assert rendered_markup(markdown) == ["html_block: <after>"]  # the checker sees markup outside the fence
 
 
 @pytest.mark.parametrize(("text", "shown"), [

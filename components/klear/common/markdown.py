@@ -3,16 +3,19 @@
 The Kubeflow UI renders a task's Markdown summary, so any text that comes from data (ids, file names, URIs,
 verdicts, labels, error messages) must show as text: no HTML (`<img onerror=...>`), no links, and no pipe or
 line break that would split a table cell. A renderer either escapes each value it writes (`escape`) or is
-declared with `@markdown_report`, which hands it a copy of the report whose every string is escaped.
+declared with `@markdown_report`, which hands it a copy of the report whose every string is escaped. Text shown
+verbatim (a JSON config, a lineage chain, a Mermaid graph) goes in a `fence` that no line of it can close: inside,
+Markdown shows HTML as text, and entities would show literally.
 """
 
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
-__all__ = ["escape", "escaped", "markdown_report"]
+__all__ = ["escape", "escaped", "fence", "markdown_report"]
 
 # One pass (str.translate), so the entities it writes are never escaped again. Entities rather than backslash
 # escapes: a renderer that prints a value's repr() (a dict, a quoted setting) doubles backslashes, and `\\|` would
@@ -39,6 +42,15 @@ def escaped(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [escaped(v) for v in value]
     return value
+
+
+def fence(text: str, info: str = "") -> str:
+    """`text` as a fenced code block (`info`: its language): the fence is one backtick longer than the longest run of
+    backticks in `text` (three at least), so no line of it ends the block (CommonMark: a closing fence is at least
+    as long as the opening one)."""
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    bar = "`" * max(3, longest + 1)
+    return "\n".join([bar + info, text.rstrip("\n"), bar])
 
 
 R = TypeVar("R", bound=Callable[..., str])

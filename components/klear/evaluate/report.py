@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from klear.common.markdown import escape
+from klear.common.markdown import escape, fence
 
 __all__ = ["flatten", "math_modes_table", "render_html", "render_markdown", "summary_table"]
 
@@ -149,9 +149,10 @@ def _lineage_table(report: Mapping[str, Any]) -> Table:
     """Each step from the scored samples back to the source prompts (klear.common.lineage), nearest first."""
     rows = [[step["stage"] or "source", step["uri"], (step["digest"] or "-")[:12],
              json.dumps(step["settings"], sort_keys=True, default=str),
-             ", ".join(f"{e['role']}: {e['uri']}" + (" (changed since)" if e["changed"] else "") for e in step["inputs"])]
+             ", ".join(f"{e['role']}: {e['uri']}" + (" (changed since)" if e["changed"] else "") for e in step["inputs"]),
+             step.get("note") or ""]  # a source's, or what of its manifest's lineage is malformed
             for step in report.get("lineage", {}).get("steps", [])]
-    return ["stage", "output", "digest", "key settings", "made from"], rows
+    return ["stage", "output", "digest", "key settings", "made from", "note"], rows
 
 
 def render_markdown(report: Mapping[str, Any], with_figures: bool = True) -> str:
@@ -174,9 +175,9 @@ def render_markdown(report: Mapping[str, Any], with_figures: bool = True) -> str
               *_md_table((["setting", "value"], [list(r) for r in _settings_rows(report)])), "",
               "## Samples", "", *_md_table(_sources_table(report)), "",
               "## Benchmark files", "", *_md_table(_files_table(report)), ""]
-    if report.get("lineage"):  # the Mermaid text is sanitized by klear.common.lineage: no markup can pass
-        lines += ["## Lineage", "", *_md_table(_lineage_table(report)), "", "```mermaid",
-                  report["lineage"]["mermaid"].rstrip(), "```", ""]
+    if report.get("lineage"):  # the Mermaid labels are plain words (klear.common.lineage), in a fence none can close
+        lines += ["## Lineage", "", *_md_table(_lineage_table(report)), "", fence(report["lineage"]["mermaid"], "mermaid"),
+                  ""]
     figures = report["figures"]
     if with_figures:
         lines += ["## Figures", "", f"![scores]({figures['scores']})", "", f"![pass counts]({figures['pass_counts']})", ""]

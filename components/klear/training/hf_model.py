@@ -132,4 +132,4 @@ def publish_trained(trainer: Any, tokenizer: Any, work: Path, output: str, repor
     (final / model_card.CARD_NAME).unlink(missing_ok=True)  # the trainer's own card: ours is written after
     storage.publish_dir(final, output, meta={"stage": stage, "global_step": trainer.state.global_step,
                                              "inputs": inputs or {}, "lineage": {"config": report.get("config")}})
-    model_card.write(output)
+    model_card.write_after_publish(output)  # a card that cannot be written is a warning: the model is published
