@@ -16,6 +16,7 @@ import pytest
 from klear.common import storage, tracking
 from klear.common.config import ConfigError, load_config
 from klear.sft.config import SftConfig
+from tests.commands import klear
 from tests.conftest import free_port
 from tests.processes import served_on_loopback
 
@@ -57,6 +58,23 @@ def test_report_to_is_checked_and_credentials_stay_out_of_configs() -> None:
     with pytest.raises(ConfigError, match="tracking_uri holds credentials"):
         load_config(SftConfig, "tiny", ["tracking_uri=https://user:pw@mlflow.example.com"])
     assert load_config(SftConfig, "paper").report_to == "tensorboard"
+
+
+def test_redact_removes_every_credential(monkeypatch: pytest.MonkeyPatch) -> None:
+    environ = {"MLFLOW_TRACKING_PASSWORD": SECRET, "MLFLOW_TRACKING_USERNAME": "trainer",
+               "MLFLOW_TRACKING_URI": "https://bob:p%40ss-word-9@mlflow.example.com"}
+    text = (f"API request to http://alice:{SECRET}@127.0.0.1:9/api/2.0/x failed; "
+            "GET /?token=abc123&page=2 and https://h/p?X-Amz-Signature=f00d#top; password p@ss-word-9; "
+            f"auth {SECRET}; user trainer")
+    assert tracking.redact(text, environ) == (
+        "API request to http://***@127.0.0.1:9/api/2.0/x failed; "
+        "GET /?token=***&page=2 and https://h/p?X-Amz-Signature=***#top; password ***; auth ***; user trainer")
+    assert tracking.redact("http://127.0.0.1:5000/api, s3://bucket/a@b", {}) == "http://127.0.0.1:5000/api, s3://bucket/a@b"
+    assert tracking.uri_credentials("http://u:p@h/?a=1&api_key=k") == ["user:password@", "query parameter api_key"]
+    assert tracking.uri_credentials("https://mlflow.example.com:5000/?page=1") == []
+    # A Secret's value that is also a word of a good setting leaves the setting as it is.
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "mlflow-server")
+    assert load_config(SftConfig, "tiny", ["tracking_uri=http://mlflow-server:5000"]).tracking_uri == "http://mlflow-server:5000"
 
 
 def test_scheme_names_and_progress_line() -> None:
@@ -128,9 +146,12 @@ def test_mlflow_and_wandb_runs_read_back_and_continued_on_resume(
     assert curves.count("data:image/png;base64,") >= 1 and "train" in curves
     assert (output / "checkpoints" / f"step-{newest:09d}" / "tensorboard" / tracking.CURVES_FILE).is_file()
 
-    # Resumed (a second attempt at the same output from its newest checkpoint): the same MLflow run goes on.
+    # Resumed (a second attempt at the same output from its newest checkpoint, as a run that died before its final
+    # publish leaves it: the checkpoints alone): the same MLflow run goes on.
     caplog.clear()
-    storage.delete(storage.Uri.parse(str(output)).join(storage.MANIFEST_NAME))
+    for name in storage.list_files(str(output)):
+        if not name.startswith("checkpoints/"):
+            storage.delete(storage.Uri.parse(str(output)).join(name))
     run(tiny_model, demo_files, str(output), config, work_dir=str(tmp_path / "work-2"))
     assert f"continuing tracker run(s) mlflow {mlflow_run.info.run_id}, wandb {ids['wandb']}" in caplog.text
     assert len(client.search_runs([experiment.experiment_id])) == 1
@@ -168,3 +189,114 @@ def test_curves_page_shows_its_charts_in_headless_chromium(tmp_path: Path) -> No
         rgb = image.convert("RGB")
     # The lines can only be there if the inlined PNGs were decoded and drawn.
     assert _colour_pixels(rgb, MPL_BLUE) > 300
+
+
+# --------------------------------------------------------------------------- the start check, through `klear sft`
+
+
+def _sft(tiny_model: str, demo_files: list[str], root: Path, *sets: str, env: dict[str, str] | None = None,
+         timeout: int = 300) -> subprocess.CompletedProcess[str]:
+    argv = ["sft", "--model", tiny_model, "--data", *demo_files, "--output", str(root / "out"), "--config", "tiny",
+            "--work-dir", str(root / "work")]
+    for item in sets:
+        argv += ["--set", item]
+    return klear(*argv, env=env, timeout=timeout)
+
+
+def _refused_before_the_model(done: subprocess.CompletedProcess[str], root: Path) -> str:
+    """stdout + stderr of a run refused by the start check: exit 2, one plain message, the model never loaded."""
+    text = done.stdout + done.stderr
+    assert done.returncode == 2, text[-3000:]
+    assert "Traceback" not in text and "klear sft: error: " in done.stderr
+    assert "klear.sft: data:" not in text  # logged once the model, tokenizer and data are loaded
+    assert not (root / "out" / storage.MANIFEST_NAME).exists()
+    return text
+
+
+def test_unreachable_mlflow_with_a_password_in_its_uri_is_refused_at_once_without_showing_it(
+        tiny_model: str, demo_files: list[str], tmp_path: Path) -> None:
+    # The chart's Secret may carry the server's address with its credentials; nothing listens on the port.
+    port = free_port()
+    env = {"MLFLOW_TRACKING_URI": f"http://trainer:{SECRET}@127.0.0.1:{port}", "MLFLOW_TRACKING_TOKEN": SECRET + "-token"}
+    # MLflow's own retries take over 4 minutes here: the timeout fails a run that is not refused at once.
+    done = _sft(tiny_model, demo_files, tmp_path, "report_to=mlflow", env=env, timeout=120)
+    text = _refused_before_the_model(done, tmp_path)
+    assert f"MLflow tracking URI 'http://***@127.0.0.1:{port}' (MLFLOW_TRACKING_URI) cannot be used" in done.stderr
+    assert "Connection refused" in done.stderr
+    assert SECRET not in text
+
+
+@pytest.mark.parametrize("uri", [f"https://mlflow.example.com/?token={SECRET}", f"https://trainer:{SECRET}@mlflow.example.com"])
+def test_credentials_in_the_tracking_uri_setting_are_refused_without_showing_them(
+        uri: str, tiny_model: str, demo_files: list[str], tmp_path: Path) -> None:
+    done = _sft(tiny_model, demo_files, tmp_path, "report_to=mlflow", f"tracking_uri={uri}", timeout=120)
+    text = _refused_before_the_model(done, tmp_path)
+    assert "tracking_uri: tracking_uri holds credentials" in done.stderr
+    assert SECRET not in text
+
+
+@pytest.mark.parametrize(("sets", "expected"), [
+    (("tracking_uri=file:///tmp/klear-mlruns",), "MLflow tracking URI 'file:///tmp/klear-mlruns' (tracking_uri) is a "
+                                                "local file store, which MLflow 3 refuses"),
+    ((), "report_to=mlflow: no MLflow tracking server: set tracking_uri, or MLFLOW_TRACKING_URI")])
+def test_mlflow_without_a_tracking_server_is_refused_by_name(
+        sets: tuple[str, ...], expected: str, tiny_model: str, demo_files: list[str], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("MLFLOW_TRACKING_URI", "MLFLOW_ALLOW_FILE_STORE"):
+        monkeypatch.delenv(name, raising=False)
+    done = _sft(tiny_model, demo_files, tmp_path, "report_to=mlflow", *sets, timeout=120)
+    _refused_before_the_model(done, tmp_path)
+    assert expected in done.stderr
+
+
+def test_a_file_store_works_when_opted_in(tiny_model: str, demo_files: list[str], tmp_path: Path) -> None:
+    store = tmp_path / "mlruns"
+    done = _sft(tiny_model, demo_files, tmp_path, "report_to=mlflow", f"tracking_uri={store.as_uri()}", "num_epochs=0.25",
+                env={"MLFLOW_ALLOW_FILE_STORE": "true", "MLFLOW_EXPERIMENT_NAME": "klear-file-store"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert list(store.rglob("metrics/train/loss"))  # MLflow's file store layout: <experiment>/<run>/metrics/<name>
+
+
+@pytest.mark.parametrize("key", ["", SECRET + "-0123456789abcdef"])
+def test_wandb_online_without_an_accepted_key_is_refused_at_once(
+        key: str, tiny_model: str, demo_files: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("WANDB_MODE", "WANDB_API_KEY", "WANDB_BASE_URL", "WANDB_DISABLED", "NETRC"):
+        monkeypatch.delenv(name, raising=False)
+    # No ~/.netrc nor W&B settings with a key; with a key: a W&B server address (with credentials) nobody answers at.
+    env = {"HOME": str(tmp_path / "home"), "WANDB_CONFIG_DIR": str(tmp_path / "wandb-config"), "WANDB_DIR": str(tmp_path)}
+    if key:
+        env |= {"WANDB_API_KEY": key, "WANDB_BASE_URL": f"http://trainer:{SECRET}@127.0.0.1:{free_port()}"}
+    done = _sft(tiny_model, demo_files, tmp_path, "report_to=wandb", env=env, timeout=120)
+    text = _refused_before_the_model(done, tmp_path)
+    if key:
+        assert "report_to=wandb: the W&B server could not be reached or refused the key" in done.stderr
+    else:
+        assert "report_to=wandb: no W&B API key: set WANDB_API_KEY" in done.stderr
+    assert SECRET not in text
+
+
+def test_a_password_in_the_servers_uri_reaches_mlflow_and_no_output(
+        mlflow_server: str, tiny_model: str, demo_files: list[str], tmp_path: Path) -> None:
+    from mlflow.tracking import MlflowClient
+
+    env = {"MLFLOW_TRACKING_URI": mlflow_server.replace("http://", f"http://trainer:{SECRET}@"),
+           "MLFLOW_EXPERIMENT_NAME": "klear-uri-credentials"}
+    done = _sft(tiny_model, demo_files, tmp_path, "report_to=mlflow", "num_epochs=0.25", env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    # MLflow prints a "View run at <the URI>" line of its own: never with the password.
+    assert SECRET not in done.stdout + done.stderr
+    assert "klear.tracking: mlflow: MLflow tracking URI 'http://***@127.0.0.1:" in done.stderr
+    assert SECRET not in _files_text(tmp_path / "out")
+    client = MlflowClient(mlflow_server, registry_uri=mlflow_server)
+    experiment = client.get_experiment_by_name("klear-uri-credentials")
+    assert experiment is not None and len(client.search_runs([experiment.experiment_id])) == 1
+
+
+def test_gppo_checks_its_trackers_before_the_model_too(tiny_model: str, demo_files: list[str], tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    done = klear("gppo", "--model", tiny_model, "--data", demo_files[0], "--output", str(tmp_path / "out"),
+                 "--config", "tiny-math", "--work-dir", str(tmp_path / "work"), "--set", "report_to=mlflow", timeout=120)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert "klear gppo: error: report_to=mlflow: no MLflow tracking server" in done.stderr
+    assert "klear.gppo: data:" not in done.stderr

@@ -7,22 +7,28 @@ entropy, KL), `rollout/...` (generation: response lengths, truncation, group fil
 names (`train/<logged key>`): its files are also what a resumed run continues.
 
 Credentials never pass through a config: MLflow and W&B read theirs from the environment (MLFLOW_TRACKING_USERNAME,
-MLFLOW_TRACKING_PASSWORD, MLFLOW_TRACKING_TOKEN, WANDB_API_KEY), which the chart fills from a Secret. A run's
-tracker ids are kept with every checkpoint (`tracking_run.json`), so a resumed stage continues the same run; only
-rank 0 reports (transformers' callbacks check it).
+MLFLOW_TRACKING_PASSWORD, MLFLOW_TRACKING_TOKEN, WANDB_API_KEY; or user:password@ in MLFLOW_TRACKING_URI), which the
+chart fills from a Secret, and no message shows them (`redact`). The trackers are checked before the model loads
+(`check_trackers`: reachable, authorised, the experiment there), with bounded retries. A run's tracker ids are kept
+with every checkpoint (`tracking_run.json`), so a resumed stage continues the same run; only rank 0 reports
+(transformers' callbacks check it).
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
+import functools
 import io
 import json
 import logging
 import math
 import os
+import re
 import time
 import urllib.parse
-from collections.abc import Mapping, Sequence
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +47,23 @@ SECRET_ADDRESS_KEYS = ("MLFLOW_TRACKING_URI", "WANDB_BASE_URL")
 # The chart's Secret of them (charts/klear-reasoner: tracking.secretName); every key optional, the Secret too.
 TRACKING_SECRET = "klear-tracking"
 TRACKING_SECRET_KEYS = SECRET_KEYS + SECRET_ADDRESS_KEYS
+# The Secret's values no message may show (a user name is no secret, and would garble every word it matches).
+REDACTED_KEYS = ("MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN", "WANDB_API_KEY")
+REDACTED = "***"
+# URL query parameters that carry credentials (token=, api_key=, password=, X-Amz-Signature=, ...).
+_SECRET_WORDS = "token|key|secret|passw|pwd|signature|credential|auth"
+SECRET_PARAMETER = re.compile(_SECRET_WORDS, re.IGNORECASE)
+_SECRET_QUERY = re.compile(rf"([?&;][^=&#\s]*(?:{_SECRET_WORDS})[^=&#\s]*=)[^&#\s'\"]*", re.IGNORECASE)  # name= kept
+_USERINFO = re.compile(r"(?<=://)[^/?#\s]*@")
+# Shorter values would blank out common words of every message (a password "mlflow"); MLflow and W&B show a
+# credential inside a URL, which is redacted by pattern whatever its length.
+_SHORTEST_REDACTED = 8
+# The start check's MLflow requests: one retry, 10 s each, instead of MLflow's 7 retries with backoff (4 min+).
+MLFLOW_CHECK_ENV = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+                    "MLFLOW_HTTP_REQUEST_BACKOFF_JITTER": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+WANDB_QUIET_MODES = ("offline", "dryrun", "disabled")  # W&B modes that need no server nor key
+# The callbacks' hooks that talk to a tracker: their errors are re-raised redacted.
+TRACKER_HOOKS = ("setup", "on_train_begin", "on_log", "on_save", "on_train_end")
 
 # Logged key -> scheme name. Keys not listed become train/<key>; keys already in the scheme stay.
 SCHEME = {
@@ -85,14 +108,27 @@ class TrackingSettings(pydantic.BaseModel):
         parse_report_to(value)
         return value
 
+    @pydantic.model_validator(mode="before")
+    @classmethod
+    def _redacted_uri(cls, data: Any) -> Any:
+        # A config error quotes the value it refuses: it gets the tracking_uri redacted (refused below all the same).
+        # By pattern only: a Secret's value that happens to be in a good URI must not change it.
+        if isinstance(data, dict) and isinstance(data.get("tracking_uri"), str):
+            return {**data, "tracking_uri": redact(data["tracking_uri"], environ={})}
+        return data
+
     @pydantic.field_validator("tracking_uri")
     @classmethod
     def _no_credentials(cls, value: str) -> str:
-        parsed = urllib.parse.urlsplit(value)
-        if parsed.username or parsed.password:
-            raise ValueError("tracking_uri holds credentials: put them in the tracking Secret (MLFLOW_TRACKING_USERNAME, "
-                             "MLFLOW_TRACKING_PASSWORD or MLFLOW_TRACKING_TOKEN), never in a config")
+        found = uri_credentials(value)
+        if found:
+            raise ValueError(f"tracking_uri holds credentials ({', '.join(found)}): put them in the tracking Secret "
+                             "(MLFLOW_TRACKING_USERNAME, MLFLOW_TRACKING_PASSWORD or MLFLOW_TRACKING_TOKEN), never in a config")
         return value
+
+
+class TrackingError(RuntimeError):
+    """A tracker that cannot be used (unreachable, refused, no key) or failed during the run; the message is redacted."""
 
 
 # --------------------------------------------------------------------------- pure parts
@@ -107,6 +143,35 @@ def parse_report_to(value: str) -> tuple[str, ...]:
     if unknown or not names:
         raise ValueError(f"report_to {value!r}: expected a comma-separated list of {', '.join(TRACKERS)}, or 'none'")
     return names
+
+
+def uri_credentials(uri: str) -> list[str]:
+    """What in `uri` is a credential: 'user:password@', 'query parameter token', ...; [] for none."""
+    parsed = urllib.parse.urlsplit(uri)
+    found = ["user:password@"] if "@" in parsed.netloc else []
+    return found + [f"query parameter {name}" for name, _ in urllib.parse.parse_qsl(parsed.query, keep_blank_values=True)
+                    if SECRET_PARAMETER.search(name)]
+
+
+def secret_values(environ: Mapping[str, str]) -> set[str]:
+    """The secrets of the tracking Secret in `environ`: its passwords, tokens and keys, and those inside its
+    addresses (user:password@, token queries; as written and percent-decoded)."""
+    values = {environ.get(key, "") for key in REDACTED_KEYS}
+    for key in SECRET_ADDRESS_KEYS:
+        parsed = urllib.parse.urlsplit(environ.get(key, ""))
+        values |= {parsed.password or "", urllib.parse.unquote(parsed.password or "")}
+        values |= {v for k, v in urllib.parse.parse_qsl(parsed.query) if SECRET_PARAMETER.search(k)}
+    return {v for v in values if len(v) >= _SHORTEST_REDACTED}
+
+
+def redact(text: str, environ: Mapping[str, str] | None = None) -> str:
+    """`text` without credentials: a URL's user:password@ and token-like query values become ***, and so does every
+    secret value of the tracking Secret in `environ` (default: this process's environment)."""
+    text = _USERINFO.sub(REDACTED + "@", text)
+    text = _SECRET_QUERY.sub(lambda m: m.group(1) + REDACTED, text)
+    for value in sorted(secret_values(os.environ if environ is None else environ), key=len, reverse=True):
+        text = text.replace(value, REDACTED)
+    return text
 
 
 def scheme_name(key: str) -> str:
@@ -138,13 +203,16 @@ def default_run_name(stage: str, output: str) -> str:
     return f"{stage} {'/'.join(parts[-2:])}".strip()
 
 
-def run_environment(settings: TrackingSettings, trackers: Sequence[str], resumed: Mapping[str, str]) -> dict[str, str]:
+def run_environment(settings: TrackingSettings, trackers: Sequence[str], resumed: Mapping[str, str],
+                    environ: Mapping[str, str] = os.environ) -> dict[str, str]:
     """Environment for transformers' MLflow / W&B callbacks: the config's address and experiment (when given; else
     MLflow's and W&B's own variables apply), and the run ids of a resumed run, so it continues the same run."""
     env: dict[str, str] = {}
     if "mlflow" in trackers:
         if settings.tracking_uri:
             env["MLFLOW_TRACKING_URI"] = settings.tracking_uri
+        if uri_credentials(environ.get("MLFLOW_TRACKING_URI", "")):
+            env["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"  # MLflow prints its "View run at" URL, password included
         if settings.experiment:
             env["MLFLOW_EXPERIMENT_NAME"] = settings.experiment
         if resumed.get("mlflow"):
@@ -173,6 +241,146 @@ def progress_line(step: int, total: int, elapsed: float, steps_done: int, figure
     eta = format_duration((total - step) * elapsed / steps_done) if steps_done > 0 and total >= step else "?"
     shown = ", ".join(f"{key} {figures[key]:.4g}" for key in PROGRESS_FIGURES if key in figures)
     return f"step {step}/{total}{share}, elapsed {format_duration(elapsed)}, ETA {eta}" + (f", {shown}" if shown else "")
+
+
+# --------------------------------------------------------------------------- start check
+
+
+def check_trackers(settings: TrackingSettings) -> None:
+    """Refuse in the first seconds, before the model loads, a tracker the run could not report to: no MLflow server,
+    or one unreachable, refusing the credentials or the experiment; W&B online without a key, or refusing it. From
+    here on no log line or warning of this process shows a credential."""
+    redact_output()
+    trackers = parse_report_to(settings.report_to)
+    if "mlflow" in trackers:
+        check_mlflow(settings)
+    if "wandb" in trackers:
+        check_wandb()
+
+
+def mlflow_uri(settings: TrackingSettings, environ: Mapping[str, str]) -> tuple[str, str]:
+    """The tracking URI the run's MLflow callback uses, and where it comes from (for messages)."""
+    if settings.tracking_uri:
+        return settings.tracking_uri, "tracking_uri"
+    return environ.get("MLFLOW_TRACKING_URI", ""), "MLFLOW_TRACKING_URI"
+
+
+def is_file_store(uri: str) -> bool:
+    """A local MLflow file store: a path or a file:// URI."""
+    return urllib.parse.urlsplit(uri).scheme in ("", "file")
+
+
+def check_mlflow(settings: TrackingSettings) -> None:
+    uri, source = mlflow_uri(settings, os.environ)
+    if not uri:  # MLflow's default, ./mlflow.db, needs the full MLflow (not the image's client) and dies with the pod
+        raise TrackingError("report_to=mlflow: no MLflow tracking server: set tracking_uri, or MLFLOW_TRACKING_URI (e.g. "
+                            f"in the chart's Secret {TRACKING_SECRET})")
+    where = f"MLflow tracking URI {redact(uri)!r} ({source})"
+    if is_file_store(uri) and os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").lower() not in ("1", "true"):
+        raise TrackingError(f"report_to=mlflow: {where} is a local file store, which MLflow 3 refuses (and a pod loses "
+                            "with its disk): use a tracking server, http(s)://host:port; MLFLOW_ALLOW_FILE_STORE=true "
+                            "opts in to a file store for a local run")
+    name = settings.experiment or os.environ.get("MLFLOW_EXPERIMENT_NAME", "")
+    try:
+        from mlflow.tracking import MlflowClient
+
+        with _environment(MLFLOW_CHECK_ENV):
+            client = MlflowClient(tracking_uri=uri)
+            # No name: start_run uses MLFLOW_EXPERIMENT_ID, or the store's Default experiment (an error if missing).
+            experiment = (client.get_experiment_by_name(name) if name else
+                          client.get_experiment(os.environ.get("MLFLOW_EXPERIMENT_ID", "0")))
+            if experiment is None:
+                client.create_experiment(name)  # what the callback would do at train begin; proves write access
+                log.info("mlflow: created experiment %r", name)
+    except Exception as exc:  # noqa: BLE001 - any failure of the check; MLflow's name the URL, user:password@ included
+        raise TrackingError(f"report_to=mlflow: {where} cannot be used (reachable, authorised, experiment "
+                            f"{name or 'Default'!r}): {clip(redact(str(exc)))}") from None
+    if experiment is not None and experiment.lifecycle_stage == "deleted":
+        raise TrackingError(f"report_to=mlflow: experiment {experiment.name!r} is deleted at {where}: restore it, or "
+                            "name another (experiment, MLFLOW_EXPERIMENT_NAME)")
+    log.info("mlflow: %s reachable, experiment %r", where, name or "Default")
+
+
+def check_wandb() -> None:
+    """W&B online needs a key its server accepts; the offline and disabled modes need neither."""
+    try:
+        import wandb
+    except ImportError as exc:
+        raise TrackingError(f"report_to=wandb: {exc}") from None
+    try:
+        if wandb.setup().settings.mode in WANDB_QUIET_MODES:
+            return
+        # Verified with the server (W&B's own 10 s timeout); no prompt: a pod has no terminal.
+        if not wandb.login(verify=True, prompt=False):
+            raise TrackingError("report_to=wandb: no W&B API key: set WANDB_API_KEY (e.g. in the chart's Secret "
+                                f"{TRACKING_SECRET}) or run `wandb login`; WANDB_MODE=offline keeps the run in local "
+                                "files without one")
+    except TrackingError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - W&B raises many kinds; the message is redacted
+        raise TrackingError(f"report_to=wandb: the W&B server could not be reached or refused the key: "
+                            f"{clip(redact(str(exc)))}") from None
+    finally:
+        # A fresh W&B session for the run: W&B reads the environment once per session, and the run sets its
+        # project and resumed id at train begin.
+        wandb.teardown()
+
+
+def clip(text: str, limit: int = 600) -> str:
+    """A long error (MLflow's carry the response body) cut for one log line."""
+    return text if len(text) <= limit else text[:limit] + " ..."
+
+
+@contextlib.contextmanager
+def _environment(values: Mapping[str, str]) -> Iterator[None]:
+    saved = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def redact_output() -> None:
+    """Every log record and warning of this process from now on, of any library, is redacted (MLflow, urllib3 and
+    transformers log the tracking URI; a traceback logged with exc_info too)."""
+    factory = logging.getLogRecordFactory()
+    if getattr(factory, "redacting", False):
+        return
+
+    def redacted_record(*args: Any, **kwargs: Any) -> logging.LogRecord:
+        record = factory(*args, **kwargs)
+        try:
+            record.msg, record.args = redact(record.getMessage()), ()
+        except Exception:  # noqa: BLE001 - a message that does not format: logging reports it when it emits
+            return record
+        if record.exc_info and not record.exc_text:
+            record.exc_text = redact(logging.Formatter().formatException(record.exc_info))
+        return record
+
+    redacted_record.redacting = True  # type: ignore[attr-defined]
+    logging.setLogRecordFactory(redacted_record)
+    format_warning = warnings.formatwarning
+    warnings.formatwarning = lambda *args, **kwargs: redact(format_warning(*args, **kwargs))
+
+
+def _redacting(tracker: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A tracker callback's hook whose failure during the run surfaces as a TrackingError with a redacted message."""
+    def wrap(hook: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(hook)
+        def redacted(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return hook(*args, **kwargs)
+            except TrackingError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - any failure: it is re-raised, redacted
+                raise TrackingError(f"{tracker}: {clip(redact(str(exc)))}") from None
+        return redacted
+    return wrap
 
 
 # --------------------------------------------------------------------------- curves
@@ -262,7 +470,13 @@ def _callbacks() -> tuple[type, type, type]:
             if state.is_world_process_zero:
                 self._wandb.log({**scheme_logs(logs or {}), "train/global_step": state.global_step})
 
-    return TrainerCallback, SchemeMLflow, SchemeWandb
+    return TrainerCallback, _redacted_hooks(SchemeMLflow, "MLflow"), _redacted_hooks(SchemeWandb, "W&B")
+
+
+def _redacted_hooks(cls: type, tracker: str) -> type:
+    for name in TRACKER_HOOKS:
+        setattr(cls, name, _redacting(tracker)(getattr(cls, name)))
+    return cls
 
 
 def install(trainer: Any, settings: TrackingSettings, stage: str, output: str, logs_dir: Path) -> Any:
@@ -310,6 +524,7 @@ def _run_tracker(base: type) -> type:
             self._first_step = 0
 
         # -- run identity
+        @_redacting("tracking")  # W&B's resumed run is opened here
         def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             self._started = self._last_line = time.monotonic()
             self._first_step = state.global_step

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 # Set before transformers is imported, which reads it once.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from klear.common import storage  # noqa: E402
+from klear.common import storage, tracking  # noqa: E402
 from klear.common.chat import END_OF_TURN  # noqa: E402
 from klear.common.tokenizer import load_tokenizer  # noqa: E402
 from klear.training import checkpoints, hf_model  # noqa: E402
@@ -96,6 +96,8 @@ def run_stage(stage: TrainingStage, model: str, data: list[str], output: str, co
     # (`--output` = `--model` would overwrite the base model), a second run writing the same output.
     storage.check_writes([storage.Write("--output", output, stage.name),
                           *([storage.Write("--work-dir", work_dir, stage.name, published=False)] if work_dir else [])], [model, *data])
+    if isinstance(config, tracking.TrackingSettings) and os.environ.get("RANK", "0") == "0":  # the rank that reports
+        tracking.check_trackers(config)  # reachable, authorised, the experiment there
     with contextlib.ExitStack() as stack:
         if os.environ.get("RANK", "0") == "0":  # the rank that publishes holds the output for the whole run
             stack.enter_context(storage.claim_output(output))
