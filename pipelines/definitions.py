@@ -124,11 +124,13 @@ def _import(uri, kind, name: str) -> dsl.PipelineTask:
     return task.set_display_name(name)
 
 
-def _digest(what: str, uri="", second_uri="", third_uri="", uris=None):
-    """The content digest of what a cached task reads by URI, for its cache key: the key holds URIs and
-    artifacts, while the content behind them may change in place (a sample output topped up to a larger n).
-    Never cached itself: it must look at the content every run."""
-    task = digest_inputs(uri=uri, second_uri=second_uri, third_uri=third_uri, uris=[] if uris is None else uris)
+def _digest(what: str, uri="", second_uri="", third_uri="", uris=None, preset=""):
+    """The content digest of what a cached task reads, for its cache key: the key holds URIs, artifacts and the
+    name of its config (`preset`: a preset, YAML file or URI), while the content behind them may change in place
+    (a sample output topped up to a larger n, a config file or one of its `base` files edited). Never cached
+    itself: it must look at the content every run."""
+    task = digest_inputs(uri=uri, second_uri=second_uri, third_uri=third_uri, uris=[] if uris is None else uris,
+                         preset=preset)
     task.set_display_name(f"digest: {what}").set_caching_options(False)
     return _on_cluster(task, "1", "2Gi").output
 
@@ -364,7 +366,8 @@ def klear_pipeline(
         sample_cpu: CPU of each sampling pod.
         sample_memory: Memory of each sampling pod.
         teacher_slices: Pods the teacher sampling is spread over (slices of the prompts by a hash of their id, each
-            its own retried task, then one merge); a rerun with another number reuses every unit already sampled.
+            its own retried task, then one merge); within one work area (a retried task) another number reuses every
+            unit already sampled, while a new run writes under a new run id and samples anew.
         reference_slices: Pods the reference model's sampling is spread over.
         filter_math_slices: Pods the filter model's sampling of the math problems is spread over.
         filter_code_slices: Pods the filter model's sampling of the code problems is spread over.
@@ -389,8 +392,9 @@ def klear_pipeline(
     sampling = (sample_gpus, sample_cpu, sample_memory, scheduling)
     sources = _import(sources_uri, dsl.Dataset, "prompt sources")
     base = _import(base_model_uri, dsl.Model, "base model")
+    curate_digest = _digest("curate inputs", sources_uri, uris=benchmark_uris, preset=curate_preset)
     curated = _curate(sources.output, source_files, benchmark_uris, curate_preset, curate_overrides, run_root,
-                      _digest("curate inputs", sources_uri, uris=benchmark_uris)).outputs["curated"]
+                      curate_digest).outputs["curated"]
 
     # SFT data: teacher traces, labelled by the reference model's pass rate (paper §5.1).
     teacher = _sample("teacher", curated, sample_preset, teacher_overrides, run_root, *sampling,
@@ -402,7 +406,8 @@ def klear_pipeline(
                               sft_data_overrides, run_root, judge_cpu, reference_judge_slices)
     records = sft_data(teacher_samples=teacher.outputs["samples"], reference_samples=reference_judged.outputs["judged"],
                        target_model=base.output, preset=sft_data_preset, overrides=sft_data_overrides,
-                       run_root=run_root, input_digest=_digest("sft-data inputs", base_model_uri))
+                       run_root=run_root,
+                       input_digest=_digest("sft-data inputs", base_model_uri, preset=sft_data_preset))
     _runs_untrusted_code(_deterministic(records.set_display_name("sft-data: difficulty and policy"), judge_cpu))
     tuned = _sft(base.output, records.outputs["records"], sft_preset, run_root, sft_gpus_per_node, sft_nodes,
                  sft_cpu, sft_memory, scheduling, sft_overrides)
@@ -421,9 +426,9 @@ def klear_pipeline(
         # Judged against the problems as rl-filter reads them (its judge settings, every problem as this task).
         judged = _judge(f"filter-{rl_task}", filtered.outputs["samples"], "rl-filter", rl_filter_preset,
                         filtering_overrides, run_root, judge_cpu, judge_slices, problems=problems.output, task=rl_task)
+        digest = _digest(f"rl-filter {rl_task} inputs", uri, uris=benchmark_uris, preset=rl_filter_preset)
         rl_data[rl_task] = _rl_filter(rl_task, problems.output, judged.outputs["judged"], benchmark_uris,
-                                      rl_filter_preset, filtering_overrides, run_root,
-                                      _digest(f"rl-filter {rl_task} inputs", uri, uris=benchmark_uris), judge_cpu
+                                      rl_filter_preset, filtering_overrides, run_root, digest, judge_cpu
                                       ).outputs["rl_data"]
     math_rl = _gppo("math", tuned.outputs["model"], rl_data["math"], gppo_math_preset, run_root, rl_gpus_per_node,
                     rl_nodes, rl_cpu, rl_memory, scheduling, gppo_math_overrides)
@@ -431,7 +436,7 @@ def klear_pipeline(
                     rl_gpus_per_node, rl_nodes, rl_cpu, rl_memory, scheduling, gppo_code_overrides)
 
     # Evaluation under the paper's protocol: the final model beside SFT and the base model.
-    benchmarks = _digest("benchmarks", uris=benchmark_uris)
+    benchmarks = _digest("benchmarks", uris=benchmark_uris, preset=evaluate_preset)
     prompts = evaluation_prompts(benchmark_uris=benchmark_uris, preset=evaluate_preset, overrides=evaluate_overrides,
                                  sampling_overrides=eval_sample_overrides, run_root=run_root, input_digest=benchmarks)
     _deterministic(prompts.set_display_name("evaluate: benchmark prompts"), "2", "8Gi")
@@ -472,7 +477,7 @@ def curate_pipeline(sources_uri: str, source_files: list, run_root: str, benchma
     """
     sources = _import(sources_uri, dsl.Dataset, "prompt sources")
     return _curate(sources.output, source_files, benchmark_uris, preset, overrides, run_root,
-                   _digest("curate inputs", sources_uri, uris=benchmark_uris)).outputs["curated"]
+                   _digest("curate inputs", sources_uri, uris=benchmark_uris, preset=preset)).outputs["curated"]
 
 
 @dsl.pipeline(name="klear-sample", description="Rerun sampling alone: a model or an endpoint on existing prompts")
@@ -520,7 +525,7 @@ def judge_pipeline(samples_uri: str, run_root: str, problems_uri: str = "", pres
     """
     samples = _import(samples_uri, dsl.Dataset, "samples")
     task = judge(samples=samples.output, problems_uri=problems_uri, preset=preset, overrides=overrides,
-                 run_root=run_root, input_digest=_digest("judge inputs", samples_uri, problems_uri))
+                 run_root=run_root, input_digest=_digest("judge inputs", samples_uri, problems_uri, preset=preset))
     return _runs_untrusted_code(_deterministic(task.set_display_name("judge"))).outputs["judged"]
 
 
@@ -540,7 +545,7 @@ def sft_data_pipeline(teacher_samples_uri: str, reference_samples_uri: str, targ
     teacher = _import(teacher_samples_uri, dsl.Dataset, "teacher samples")
     reference = _import(reference_samples_uri, dsl.Dataset, "reference samples")
     target = _import(target_model_uri, dsl.Model, "target model (tokenizer)")
-    digest = _digest("sft-data inputs", teacher_samples_uri, reference_samples_uri, target_model_uri)
+    digest = _digest("sft-data inputs", teacher_samples_uri, reference_samples_uri, target_model_uri, preset=preset)
     task = sft_data(teacher_samples=teacher.output, reference_samples=reference.output, target_model=target.output,
                     preset=preset, overrides=overrides, run_root=run_root, input_digest=digest)
     return _runs_untrusted_code(_deterministic(task.set_display_name("sft-data"))).outputs["records"]
@@ -587,7 +592,7 @@ def rl_filter_pipeline(problems_uri: str, filter_samples_uri: str, run_root: str
     """
     problems = _import(problems_uri, dsl.Dataset, "RL problems")
     samples = _import(filter_samples_uri, dsl.Dataset, "filter-model samples")
-    digest = _digest("rl-filter inputs", problems_uri, filter_samples_uri, uris=benchmark_uris)
+    digest = _digest("rl-filter inputs", problems_uri, filter_samples_uri, uris=benchmark_uris, preset=preset)
     return _rl_filter(task, problems.output, samples.output, benchmark_uris, preset, overrides, run_root,
                       digest).outputs["rl_data"]
 
@@ -674,7 +679,7 @@ def evaluate_pipeline(model_uri: str, run_root: str, benchmark_uris: list = [], 
         judge_cpu: CPU of each judging pod (judge slices, evaluate): one verifier worker per core.
     """
     model = _import(model_uri, dsl.Model, "model")
-    digest = _digest("benchmarks", uris=benchmark_uris)
+    digest = _digest("benchmarks", uris=benchmark_uris, preset=preset)
     prompts = evaluation_prompts(benchmark_uris=benchmark_uris, preset=preset, overrides=overrides,
                                  sampling_overrides=sample_overrides, run_root=run_root, input_digest=digest)
     _deterministic(prompts.set_display_name("evaluate: benchmark prompts"), "2", "8Gi")
@@ -710,7 +715,7 @@ def evaluate_samples_pipeline(samples_uri: str, run_root: str, benchmark_uris: l
                     benchmark_uris=benchmark_uris)
     task = evaluate(samples=judged.outputs["judged"], benchmark_uris=benchmark_uris, preset=preset,
                     overrides=overrides, run_root=run_root, label=label,
-                    input_digest=_digest("evaluate inputs", samples_uri, uris=benchmark_uris))
+                    input_digest=_digest("evaluate inputs", samples_uri, uris=benchmark_uris, preset=preset))
     return _runs_untrusted_code(_deterministic(task.set_display_name("evaluate"), judge_cpu)).outputs["summary"]
 
 

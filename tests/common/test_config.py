@@ -163,3 +163,79 @@ def test_strictness_reaches_into_lists_dicts_and_optionals() -> None:
                             ("weights={a: .nan}", "weights.*finite"), ("sizes=[1, .inf]", "sizes")]:
         with pytest.raises(ConfigError, match=where):
             load_config(Probe, None, [override])
+
+
+# --- config files that are not YAML configs, through the real command: each error names the file ---
+
+
+def _judge_config_error(config: str) -> str:
+    """`klear judge --config CONFIG` on no samples: the config is refused first; its one error line."""
+    from tests.commands import klear
+
+    done = klear("judge", "--samples", "/nonexistent/samples", "--output", "/nonexistent/out", "--config", config)
+    assert done.returncode == 2, done.stderr
+    (line,) = [x for x in done.stderr.splitlines() if x.startswith("klear judge: error: ")]
+    return line.removeprefix("klear judge: error: ")
+
+
+def test_a_binary_file_given_as_config_is_named(tmp_path) -> None:
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}\xa0\xa0 weights")
+    assert _judge_config_error(str(weights)) == f"config file {weights} is not UTF-8 text (byte 10): not a YAML config"
+    huge = tmp_path / "huge.yaml"
+    huge.write_bytes(b"# " + b"x" * (1 << 20) + b"\n")
+    assert _judge_config_error(str(huge)) == (f"config file {huge} has {(1 << 20) + 3} bytes, more than a config's "
+                                              f"{1 << 20}: not a YAML config")
+
+
+def test_a_yaml_syntax_error_names_the_file_and_line(tmp_path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("workers: 2\nverifier: [1\nchunk_size: 3\n")
+    assert _judge_config_error(str(bad)) == (f"{bad}: invalid YAML: expected ',' or ']', but got ':' at line 3, "
+                                             "column 11 (while parsing a flow sequence at line 2, column 11)")
+
+
+def test_a_config_file_that_is_not_a_mapping_is_named(tmp_path) -> None:
+    """`[]`, `false` or `0` was read as an empty config: the run went on with the defaults. An empty file is one."""
+    config = tmp_path / "run.yaml"
+    for text, kind in (("[]\n", "list"), ("false\n", "bool"), ("0\n", "int")):
+        config.write_text(text)
+        assert _judge_config_error(str(config)) == f"{config}: expected a mapping of config keys, got {kind}"
+    config.write_text("# nothing set\n")
+    assert load_config(CurateConfig, str(config)) == load_config(CurateConfig, None)
+
+
+def test_a_self_loop_through_a_file_uri_is_named(tmp_path) -> None:
+    """`base: ./self.yaml` in file:///.../self.yaml: each `./` made another spelling of the same file, until
+    "maximum recursion depth exceeded"."""
+    (tmp_path / "self.yaml").write_text("base: ./self.yaml\n")
+    me = str((tmp_path / "self.yaml").resolve())
+    assert _judge_config_error(f"file://{me}") == f"config bases form a loop: {me} -> {me}"
+
+
+def test_a_loop_through_mixed_spellings_is_named_from_where_it_starts(tmp_path) -> None:
+    """A file:// URI, an absolute path and a relative one name the same files: the loop is found on the first
+    file's second visit, and names the files once each."""
+    a, b, c = (str((tmp_path / f"{name}.yaml").resolve()) for name in "abc")
+    (tmp_path / "a.yaml").write_text(f"base: file://{b}\n")
+    (tmp_path / "b.yaml").write_text(f"base: {c}\n")
+    (tmp_path / "c.yaml").write_text("base: ./a.yaml\n")
+    assert _judge_config_error(f"file://{a}") == f"config bases form a loop: {a} -> {b} -> {c} -> {a}"
+    assert _judge_config_error(b) == f"config bases form a loop: {b} -> {c} -> {a} -> {b}"
+
+
+def test_a_chain_of_bases_longer_than_any_loop_free_one_is_refused(tmp_path) -> None:
+    for i in range(40):
+        (tmp_path / f"c{i}.yaml").write_text(f"base: c{i + 1}.yaml\n")
+    (tmp_path / "c40.yaml").write_text("base: paper\n")
+    error = _judge_config_error(str(tmp_path / "c0.yaml"))
+    assert error.startswith("config bases nest deeper than 32: ") and "c0.yaml -> " in error
+
+
+def test_a_file_named_like_a_preset_is_read_by_its_path(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A name without "/" or a .yaml suffix is a preset's: the error says how to read the file of that name."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "model.safetensors").write_bytes(b"\xa0")
+    with pytest.raises(ConfigError, match=r"unknown preset 'model.safetensors' for CurateConfig; presets: paper, tiny; "
+                                          r"to read the file model.safetensors, give it as ./model.safetensors"):
+        load_config(CurateConfig, "model.safetensors")

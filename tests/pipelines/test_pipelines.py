@@ -334,7 +334,8 @@ def _executor_kinds(spec) -> dict[str, str]:
 def test_cached_tasks_key_on_the_content_of_what_they_read(compiled: Path) -> None:
     """KFP's cache key holds URIs and artifacts, not their content, and outputs change in place (a sample output
     topped up): every cached stage task takes the digest of each URI it reads, directly or through an importer,
-    from a digest step that is never cached itself."""
+    and of its config (`preset`: a file or URI is read with its `base` chain), from a digest step that is never
+    cached itself."""
     for name in STAGE_PIPELINES:
         spec = validate(compiled / f"{name}.yaml")
         kinds = _executor_kinds(spec)
@@ -349,7 +350,7 @@ def test_cached_tasks_key_on_the_content_of_what_they_read(compiled: Path) -> No
             assert not tasks[digest].caching_options.enable_cache, (name, digest)
             digested = {_pipeline_input(p) for p in tasks[digest].inputs.parameters.values()} - {""}
             read = {_pipeline_input(p) for p in task.inputs.parameters.values()
-                    if _pipeline_input(p).endswith(("_uri", "_uris"))}
+                    if _pipeline_input(p).endswith(("_uri", "_uris", "preset"))}
             for artifact in task.inputs.artifacts.values():
                 producer = tasks[artifact.task_output_artifact.producer_task]
                 if kinds[spec.components[producer.component_ref.name].executor_label] == "importer":

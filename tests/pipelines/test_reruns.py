@@ -170,6 +170,30 @@ def test_a_cache_hit_needs_the_same_input_content(compiled: Path, s3_bucket: str
 
 
 @pytest.mark.slow
+def test_a_cache_hit_needs_the_same_config_file_content(compiled: Path, s3_bucket: str, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """`run_local klear-judge --cache --arg preset=cfg/jp.yaml`, then its `base` file edited (strict -> official):
+    the second run judges again in the new mode (the first run's strict result was served, exit 0)."""
+    rows = [{"id": "p0", "prompt": "What is 1 + 1?", "answer": "2", "generations": [_answer(2), "It is 2."]}]
+    samples, run_root = f"{s3_bucket}/samples/teacher", f"{s3_bucket}/runs"
+    _klear_sample(_put_jsonl(f"{s3_bucket}/inputs/prompts.jsonl", rows), samples, 2)
+    (tmp_path / "cfg").mkdir()
+    (tmp_path / "cfg" / "jp.yaml").write_text("base: mode.yaml\nchunk_size: 7\n")
+    mode = tmp_path / "cfg" / "mode.yaml"
+    mode.write_text("base: tiny\nverifier:\n  math_mode: strict\n")
+    command = ["klear-judge", "--workdir", str(tmp_path / "kfp"), "--compiled", str(compiled), "--cache",
+               "--run-root", run_root, "--arg", f"samples_uri={samples}", "--arg", "preset=cfg/jp.yaml"]
+    monkeypatch.chdir(tmp_path)  # a relative path, as typed: the tasks run here too
+    first, printed = _run_local(command, capsys)
+    assert "Math judged in mode **strict**" in printed
+    mode.write_text("base: tiny\nverifier:\n  math_mode: official\n")
+    second, printed = _run_local(command, capsys)
+    assert second != first and len(_runs(run_root)) == 2
+    assert "Math judged in mode **official**" in printed
+
+
+@pytest.mark.slow
 def test_evaluate_samples_through_run_local_with_overrides(compiled: Path, s3_bucket: str, tmp_path: Path,
                                                            capsys: pytest.CaptureFixture[str]) -> None:
     """`run_local klear-evaluate-samples` prints the summary it returns (it died reading `summary/report.md`), and

@@ -26,10 +26,12 @@ import yaml
 
 from klear.common import storage
 
-__all__ = ["ConfigError", "StageConfig", "describe_preset", "load_config", "preset_of"]
+__all__ = ["ConfigError", "StageConfig", "config_files", "describe_preset", "load_config", "preset_of"]
 
 QUOTE_LIMIT = 200  # characters of a value quoted in an error message
 BASE_KEY = "base"  # a config's key naming the config it builds on
+MAX_BASES = 32  # configs in one `base` chain below the first: a few in practice
+MAX_CONFIG_BYTES = 1 << 20  # a config file is a few KB; a larger file is something else given by mistake
 
 
 class ConfigError(ValueError):
@@ -176,8 +178,31 @@ class _NoAliasLoader(yaml.SafeLoader):
         return super().compose_node(parent, index)
 
 
-def _load_yaml(text: str) -> Any:
-    return yaml.load(text, Loader=_NoAliasLoader)  # noqa: S506 - a SafeLoader subclass
+def _load_yaml(text: str, name: str) -> Any:
+    """The YAML in `text`; an error names `name` (a file, an override) and the line and column of the problem."""
+    loader = None
+    try:
+        loader = _NoAliasLoader(text)  # its reader already refuses unprintable characters
+        loader.name = name  # what its marks (line, column) name, instead of "<unicode string>"
+        return loader.get_single_data()
+    except yaml.MarkedYAMLError as exc:
+        problem = _yaml_problem(exc)
+    except yaml.YAMLError as exc:
+        problem = str(exc)
+    finally:
+        if loader is not None:
+            loader.dispose()
+    raise ConfigError(f"{name}: invalid YAML: {clip(problem, 2 * QUOTE_LIMIT)}")
+
+
+def _yaml_problem(exc: yaml.MarkedYAMLError) -> str:
+    """One line for a YAML error: the problem at its line and column, then what the parser was in (pyyaml's own
+    text spreads over lines and quotes the source)."""
+    def at(mark: Any) -> str:
+        return f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else "an unknown place"
+
+    text = f"{exc.problem or 'error'} at {at(exc.problem_mark)}"
+    return f"{text} ({exc.context} at {at(exc.context_mark)})" if exc.context else text
 
 
 def preset_names(cls: type[StageConfig]) -> list[str]:
@@ -191,12 +216,15 @@ def _preset_text(cls: type[StageConfig], name: str) -> tuple[str, str]:
     presets = resources.files(package) / "presets"
     available = preset_names(cls)
     if name not in available:
-        raise ConfigError(f"unknown preset {clip(repr(name))} for {cls.__name__}; presets: {', '.join(available)}")
+        # A name without "/" or a .yaml suffix is a preset's; say how to read a file of that name instead.
+        hint = f"; to read the file {clip(name)}, give it as ./{clip(name)}" if Path(name).is_file() else ""
+        raise ConfigError(f"unknown preset {clip(repr(name))} for {cls.__name__}; presets: {', '.join(available)}"
+                          + hint)
     return (presets / f"{name}.yaml").read_text(), f"preset {name!r} ({package}/presets/{name}.yaml)"
 
 
 class _BaseLoopError(ConfigError):
-    """A chain of `base` configs that comes back to one of its members."""
+    """A chain of `base` configs that comes back to one of its members, or is longer than any that does not."""
 
 
 def _is_uri(source: str) -> bool:
@@ -207,36 +235,57 @@ def _is_file(source: str) -> bool:
     return _is_uri(source) or source.endswith((".yaml", ".yml")) or "/" in source
 
 
-def _read_one(cls: type[StageConfig], source: str) -> tuple[dict[str, Any], str]:
-    """One YAML mapping, `base` key included: a preset name, a local YAML file or a storage URI (s3://, file://)."""
-    if _is_uri(source):
-        try:
-            raw = storage.read_bytes(source)
-        except FileNotFoundError:
-            raise ConfigError(f"config file not found: {clip(source)}") from None
-        except (storage.StorageError, OSError) as exc:
-            raise ConfigError(f"config file {clip(source)} cannot be read: {clip(str(exc))}") from None
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise ConfigError(f"{clip(source)}: not UTF-8 text ({exc})") from None
-        origin = source
-        storage.note_input(source)  # a config file is an input: no output of this run may replace it
-    elif _is_file(source):
-        path = Path(source)
-        if not path.is_file():
-            raise ConfigError(f"config file not found: {clip(source)}")
-        text, origin = path.read_text(), str(path)
-        storage.note_input(str(path))  # what this process writes must never replace its own config
-    else:
-        text, origin = _preset_text(cls, source)
+def _local_path(source: str) -> Path | None:
+    """The local file a config file or URI names (a path, file://...); None for s3://."""
+    if not _is_uri(source):
+        return Path(source)
+    location = storage.Uri.parse(source)
+    return None if location.is_s3 else Path(location.path)
+
+
+def _file_text(source: str) -> str:
+    """The text of a config file or storage URI (s3://, file://); every error names it."""
     try:
-        data = _load_yaml(text) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{origin}: invalid YAML: {clip(str(exc), 2 * QUOTE_LIMIT)}") from exc
-    if not isinstance(data, dict):
+        local = _local_path(source)
+        # Read no more than a config can be: `--config model.safetensors` must not load the weights first.
+        size = local.stat().st_size if local is not None and local.is_file() else 0
+        if size > MAX_CONFIG_BYTES:
+            raise ConfigError(f"config file {clip(source)} has {size} bytes, more than a config's {MAX_CONFIG_BYTES}: "
+                              "not a YAML config")
+        raw = local.read_bytes() if local is not None else storage.read_bytes(source)
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {clip(source)}") from None
+    except (storage.StorageError, OSError) as exc:
+        raise ConfigError(f"config file {clip(source)} cannot be read: {clip(str(exc))}") from None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config file {clip(source)} is not UTF-8 text (byte {exc.start}): not a YAML config") \
+            from None
+
+
+def _mapping(text: str, origin: str) -> dict[str, Any]:
+    """The YAML mapping of a config's text; an empty text is one with no keys."""
+    data = _load_yaml(text, origin)
+    if data is None:
+        return {}
+    if not isinstance(data, dict):  # `[]` or `false` is no config, not an empty one
         raise ConfigError(f"{origin}: expected a mapping of config keys, got {type(data).__name__}")
-    return data, origin
+    return data
+
+
+def _read_one(cls: type[StageConfig] | None, source: str) -> tuple[dict[str, Any], str]:
+    """One YAML mapping, `base` key included: a preset name, a local YAML file or a storage URI (s3://, file://).
+    Without `cls`, a preset is not read: it stands for itself ({})."""
+    if _is_file(source):
+        origin = source if _is_uri(source) else str(Path(source))
+        data = _mapping(_file_text(source), origin)
+        storage.note_input(origin)  # a config file is an input: no output of this run may replace it
+        return data, origin
+    if cls is None:
+        return {}, f"preset {source!r}"
+    text, origin = _preset_text(cls, source)
+    return _mapping(text, origin), origin
 
 
 def _base_source(base: str, source: str) -> str:
@@ -244,17 +293,23 @@ def _base_source(base: str, source: str) -> str:
     relative to the file that names it (a preset's base is a preset or an absolute location)."""
     if not _is_file(base) or _is_uri(base) or Path(base).is_absolute() or not _is_file(source):
         return base
-    if _is_uri(source):
+    local = _local_path(source)
+    if local is None:
         parent = source.rstrip("/").rsplit("/", 1)[0]
         return f"{parent}/{base}"
-    return str(Path(source).parent / base)
+    return str(local.parent / base)  # beside a file:// config: a path, so `./x.yaml` does not grow a URI
 
 
 def _identity(source: str) -> str:
-    """One name per config source, for finding a chain of bases that loops."""
-    if _is_uri(source):
-        return source
-    return str(Path(source).resolve()) if _is_file(source) else f"preset {source!r}"
+    """One name per config source, for finding a chain of bases that loops: a local file by its resolved path,
+    however it is spelled (relative, absolute, file://)."""
+    if not _is_file(source):
+        return f"preset {source!r}"
+    try:
+        local = _local_path(source)
+    except storage.StorageError:
+        return source  # reading it will say what is wrong with the URI
+    return source if local is None else str(local.resolve())
 
 
 def _section(annotation: Any) -> type[pydantic.BaseModel] | None:
@@ -283,17 +338,21 @@ def merge(base: dict[str, Any], changes: dict[str, Any], model: type[pydantic.Ba
     return merged
 
 
-def _read_source(cls: type[StageConfig], source: str, chain: tuple[str, ...] = (),
+def _read_source(cls: type[StageConfig] | None, source: str, chain: tuple[str, ...] = (),
                  names: list[str] | None = None) -> tuple[dict[str, Any], str]:
     """The config of `source` (a preset name, a YAML file or a storage URI) with its `base` chain merged in: a
     config may name a preset of the same stage, or a file or URI, as `base` and give only its differences.
-    `names` collects the chain's sources, `source` first (preset names as named, files and URIs as read)."""
+    `names` collects the chain's sources, `source` first (preset names as named, files and URIs as read).
+    Without `cls` the chain stops at its first preset, unread (config_files)."""
     if names is not None:
         names.append(source)
     identity = _identity(source)
     if identity in chain:
         loop = " -> ".join((*chain[chain.index(identity):], identity))
         raise _BaseLoopError(f"config bases form a loop: {clip(loop, 4 * QUOTE_LIMIT)}")
+    if len(chain) >= MAX_BASES:
+        raise _BaseLoopError(f"config bases nest deeper than {MAX_BASES}: "
+                             f"{clip(' -> '.join((*chain, identity)), 4 * QUOTE_LIMIT)}")
     data, origin = _read_one(cls, source)
     if BASE_KEY not in data:
         return data, origin
@@ -306,7 +365,18 @@ def _read_source(cls: type[StageConfig], source: str, chain: tuple[str, ...] = (
         raise  # the chain already names every config in it
     except ConfigError as exc:
         raise ConfigError(f"{origin}: {BASE_KEY} {clip(repr(base))}: {exc}") from None
-    return merge(below, data, cls), f"{origin} on {below_origin}"
+    return merge(below, data, cls) if cls is not None else {}, f"{origin} on {below_origin}"
+
+
+def config_files(source: str) -> list[str]:
+    """The files and URIs a config source reads (a preset name, YAML file or URI): itself and its `base` chain,
+    as read, down to the first preset name. For the cache key of a task that loads it (the digest step): a preset
+    is read from the installed package, and the code reading it is no part of that key either."""
+    if not source:
+        return []
+    names: list[str] = []
+    _read_source(None, source, names=names)
+    return [name for name in names if _is_file(name)]
 
 
 def _apply_override(data: dict[str, Any], override: str) -> None:
@@ -320,12 +390,7 @@ def _apply_override(data: dict[str, Any], override: str) -> None:
         if not isinstance(child, dict):
             raise ConfigError(f"override {clip(repr(override))}: {clip(repr(part))} is not a section")
         node = child
-    try:
-        node[parts[-1]] = _load_yaml(raw) if raw.strip() else ""
-    except yaml.YAMLError as exc:
-        raise ConfigError(
-            f"override {clip(repr(override))}: value is not valid YAML: {clip(str(exc), 2 * QUOTE_LIMIT)}"
-        ) from exc
+    node[parts[-1]] = _load_yaml(raw, f"override {clip(repr(override))}") if raw.strip() else ""
 
 
 def load_config(cls: type[C], source: str | None = None, overrides: list[str] | tuple[str, ...] = ()) -> C:
