@@ -118,15 +118,40 @@ def test_a_local_output_is_not_created_by_the_check(tmp_path: Path) -> None:
 def test_a_folder_of_foreign_files_is_refused(where: str, s3_bucket: str, tmp_path: Path) -> None:
     out = storage.Uri.parse(f"{s3_bucket}/out" if where == "s3" else str(tmp_path / "out"))
     storage.write_bytes(out.join("my-notes.txt"), b"not a klear output")
-    _refused(lambda: storage.check_output(str(out)), storage.InvalidOutputError,
-             r"out already holds 1 files and is not a klear output \(my-notes.txt\); .* choose an empty location")
-    assert storage.list_files(out) == ["my-notes.txt"]
-    # Leftovers beside klear's own traces (a checkpoint, a dead run's lease) are klear's: publishing cleans them.
+    refusal = r"out already holds 1 files that are not this stage's \(my-notes.txt\): .* choose an empty location"
+    _refused(lambda: storage.check_output(str(out)), storage.InvalidOutputError, refusal)
+    # Neither a checkpoint of the stage nor a lease anywhere makes someone else's file the stage's own.
     checkpoint = tmp_path / "checkpoint"
     checkpoint.mkdir()
     (checkpoint / "state.bin").write_bytes(b"weights")
     storage.publish_dir(checkpoint, out.join("checkpoints", "step-1"), meta={"stage": "sft"})
-    storage.check_output(str(out), stage="sft")
+    storage.write_bytes(out.join(storage.LEASE_NAME), b"{}")
+    storage.write_bytes(out.join("x.work", "slices", "0-of-2", storage.LEASE_NAME), b"{}")
+    _refused(lambda: storage.check_output(str(out), stage="sft"), storage.InvalidOutputError, refusal)
+    assert "my-notes.txt" in storage.list_files(out)
+    storage.delete(out.join("my-notes.txt"))
+    storage.check_output(str(out), stage="sft")  # a checkpoint of its own, a lease: nothing foreign
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_a_crashed_publish_is_the_stages_own_and_no_one_elses(where: str, s3_bucket: str, tmp_path: Path) -> None:
+    out = storage.Uri.parse(f"{s3_bucket}/out" if where == "s3" else str(tmp_path / "out"))
+    # What publish_dir leaves when it dies half-way: its pending record first, then some of its files.
+    storage.note_pending(out, "dead-run", "curate", files=["prompts/part-00000.parquet"], prefixes=["_scores/"])
+    storage.write_bytes(out.join("prompts", "part-00000.parquet"), b"partial")
+    storage.write_bytes(out.join("_scores", "k", "chunk-1.parquet"), b"progress")
+    storage.check_output(str(out), stage="curate")
+    _refused(lambda: storage.check_output(str(out), stage="judge"), storage.InvalidOutputError,
+             r"holds an unfinished 'curate' output \(_PENDING-dead-run.json\) and this is 'judge'")
+    storage.write_bytes(out.join("notes.txt"), b"mine")  # beside the crashed files: someone else's
+    _refused(lambda: storage.check_output(str(out), stage="curate"), storage.InvalidOutputError,
+             r"already holds 1 files that are not this stage's \(notes.txt\)")
+    staging = tmp_path / "staging"
+    (staging / "prompts").mkdir(parents=True)
+    (staging / "prompts" / "part-00000.parquet").write_bytes(b"complete")
+    storage.publish_dir(staging, out, meta={"stage": "curate"})
+    # The crash's files go, the stranger's stays, no pending record is left.
+    assert sorted(storage.list_files(out)) == [storage.MANIFEST_NAME, "notes.txt", "prompts/part-00000.parquet"]
 
 
 # --------------------------------------------------------------------------- wired into klear curate

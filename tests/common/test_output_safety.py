@@ -102,7 +102,7 @@ def test_sample_work_area_of_foreign_files_is_refused(tmp_path: Path) -> None:
     (notes / "thesis.tex").write_text("years of work")
     done = klear("sample", "--prompts", str(prompts), "--output", str(tmp_path / "out"), "--work", str(notes),
                   "--config", "tiny", "--set", "backend=records", "--set", "keep_work=false")
-    _refused(done, "holds 1 files that are not a sample work area's (thesis.tex)")
+    _refused(done, "holds 1 files that are not a `klear sample` work area's (thesis.tex)")
     assert (notes / "thesis.tex").read_text() == "years of work"
 
 

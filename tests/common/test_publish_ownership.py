@@ -249,8 +249,10 @@ def test_nested_outputs_survive_republishing(where: str, s3_bucket: str, tmp_pat
     dest = _dest(where, s3_bucket, tmp_path)
     checkpoint = storage.Uri.parse(dest).join("checkpoints", "step-000000001")
     storage.publish_dir(_staging(tmp_path / "ckpt", "ckpt", 2), checkpoint)
-    # An upload cut off by a crash, no manifest: it is the parent's stale file, and its step may be published again.
+    # An upload cut off by a crash, no manifest (named in its pending record, as publish_dir writes it first): the
+    # step may be published again, and the partial file goes.
     cut_off = storage.Uri.parse(dest).join("checkpoints", "step-000000002")
+    storage.note_pending(cut_off, "crashed-run", None, files=["model.safetensors"])
     storage.write_bytes(cut_off.join("model.safetensors"), b"partial upload")
     storage.publish_dir(_staging(tmp_path / "ckpt2", "ckpt2", 1), cut_off)
     assert "model.safetensors" not in _assert_consistent(cut_off).files

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
 from typing import Any
 
@@ -28,15 +29,24 @@ def counting(task: dict[str, Any], verifier: VerifierConfig) -> dict[str, Any]:
 
 
 def hostile(task: dict[str, Any], verifier: VerifierConfig) -> dict[str, Any]:
-    """Math answers "CRASH": the worker dies; "HANG": the scorer never returns; "KILL": kills the judge process
-    (a crashed stage); anything else: counted and scored for real."""
+    """Math answers "CRASH": the worker dies; "HANG": the scorer never returns; "SPAWN": starts a child process,
+    then never returns (both logged first); "KILL": kills the judge process (a crashed stage); anything else:
+    counted and scored for real."""
     answer = task.get("answer")
     if answer == "CRASH":
         os._exit(3)
-    if answer == "HANG":
+    if answer in ("HANG", "SPAWN"):
+        if answer == "SPAWN":
+            subprocess.Popen(["sleep", "600"])
+        _log(task)
         while True:
             time.sleep(60)
     if answer == "KILL":
         os.kill(os.getppid(), signal.SIGKILL)
         time.sleep(1)
     return counting(task, verifier)
+
+
+def broken(task: dict[str, Any], verifier: VerifierConfig) -> dict[str, Any]:
+    """A scorer that fails on every task, as one with a bad import or setting does."""
+    raise RuntimeError("scorer misconfigured: no such reference column")

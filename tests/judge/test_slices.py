@@ -120,3 +120,19 @@ def test_a_second_process_on_the_same_slice_is_refused(tmp_path: Path) -> None:
     finally:
         os.kill(first.pid, signal.SIGKILL)
         first.wait()
+
+
+def test_a_merge_after_slices_of_other_samples_names_the_mismatch(tmp_path: Path) -> None:
+    from tests.commands import klear
+
+    first = publish_samples(_rows()[:12], str(tmp_path / "first"))
+    second = publish_samples(_rows()[12:24], str(tmp_path / "second"))
+    out = str(tmp_path / "judged")
+    for i in range(2):
+        done = klear("judge", "--samples", first, "--output", out, "--slice", f"{i}/2", "--config", "tiny")
+        assert done.returncode == 0, done.stderr
+    merged = klear("judge", "--samples", second, "--output", out, "--merge", "--config", "tiny")
+    assert merged.returncode == 2
+    assert "the work area holds parts that do not match this merge (0/2 judged other samples or problems" in \
+        merged.stderr
+    assert "must be given the same --samples, --problems and settings" in merged.stderr

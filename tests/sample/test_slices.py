@@ -27,7 +27,7 @@ PROMPTS, N = 40, 3
 UNITS = PROMPTS * N
 
 
-def _command(prompts: str, out: Path, url: str, *extra: str) -> list[str]:
+def _command(prompts: str, out: Path | str, url: str, *extra: str) -> list[str]:
     return [sys.executable, "-m", "klear.cli", "sample", "--prompts", prompts, "--output", str(out),
             "--endpoint", url, "--served-model", "fake-teacher", "--config", "tiny",
             "--set", f"n={N}", "--set", "concurrency=2", "--set", "shard_size=3", "--set", "flush_seconds=0.2",
@@ -144,6 +144,55 @@ def test_resliced_run_reuses_the_units_of_another_slice_count(tmp_path: Path) ->
     assert report["units"]["rows"] == UNITS
     _check_rows(list(iter_rows(out)), ids)
     assert not Path(out + ".work").exists()  # the merge removes it all (keep_work=false), the slices' files too
+
+
+def test_a_slice_without_prompts_runs_in_a_work_area_with_shards(tmp_path: Path) -> None:
+    """More slices than a slice has prompts: the empty slices sample nothing and succeed, and the merge publishes."""
+    ids = ["a", "b", "c"]
+    prompts = write_prompts(tmp_path / "p.jsonl", [{"id": i, "prompt": f"question {i}"} for i in ids])
+    count = 10
+    empty = [k for k in range(count) if all(slice_of(i, count) != k for i in ids)]
+    full = sorted({slice_of(i, count) for i in ids})
+    out = tmp_path / "out"
+    with FakeServer(keep_bodies=False) as server:
+        for k in [full[0], empty[0], *full[1:], *empty[1:]]:  # an empty slice after shards are there
+            done = subprocess.run(_command(prompts, out, server.url, "--slice", f"{k}/{count}"), capture_output=True,
+                                  text=True, timeout=120)
+            assert done.returncode == 0, done.stderr
+            assert json.loads(done.stdout.splitlines()[-1])["units"]["sampled"] == N * sum(
+                slice_of(i, count) == k for i in ids)
+        merged = subprocess.run(_command(prompts, out, server.url, "--merge"), capture_output=True, text=True,
+                                timeout=120)
+    assert merged.returncode == 0, merged.stderr
+    _check_rows(list(iter_rows(str(out))), ids)
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_a_truncated_shard_is_named_set_aside_and_its_units_sampled_again(where: str, s3_bucket: str,
+                                                                           tmp_path: Path) -> None:
+    ids = [f"p{i}" for i in range(12)]
+    prompts = write_prompts(tmp_path / "p.jsonl", [{"id": i, "prompt": f"question {i}"} for i in ids])
+    out = f"{s3_bucket}/out" if where == "s3" else str(tmp_path / "out")
+    area = WorkArea(out + ".work")
+    with FakeServer(keep_bodies=False) as server:
+        def sample(*step: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(_command(prompts, out, server.url, *step), capture_output=True, text=True,
+                                  timeout=120)
+
+        for k in range(2):
+            assert sample("--slice", f"{k}/2").returncode == 0
+        victim = area.shard_names()[0]
+        data = storage.read_bytes(area.uri.join("shards", f"{victim}.parquet"))
+        storage.write_bytes(area.uri.join("shards", f"{victim}.parquet"), data[: len(data) // 2])
+        merged = sample("--merge")
+        assert merged.returncode == 2
+        assert f"shards/{victim}.parquet: the shard cannot be read" in merged.stderr
+        assert not storage.exists(f"{out}/{storage.MANIFEST_NAME}")
+        assert victim not in area.shard_names()
+        redone = [json.loads(sample("--slice", f"{k}/2").stdout.splitlines()[-1])["units"]["sampled"] for k in range(2)]
+        assert sum(redone) == 3  # shard_size=3: the truncated shard's units, and only those
+        assert sample("--merge").returncode == 0
+    _check_rows(list(iter_rows(out)), ids)
 
 
 def test_second_process_on_the_same_slice_refuses_at_once(tmp_path: Path) -> None:

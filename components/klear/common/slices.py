@@ -11,9 +11,12 @@ import argparse
 import contextlib
 import dataclasses
 import hashlib
-from collections.abc import Iterator
+import re
+from collections.abc import Callable, Iterator
 
 from klear.common import storage
+
+MAX_SLICES = 100_000  # slices (pods) of one run: far more than any cluster runs at once
 
 
 class MergeIncompleteError(RuntimeError):
@@ -37,16 +40,45 @@ def add_slice_arguments(parser: argparse.ArgumentParser, verb: str, hashed: str,
     parser.add_argument("--merge", action="store_true", help=merge_help)
 
 
+def _is_number(text: str) -> bool:
+    """ASCII digits only: int() would also take "1_0", " 1" and other scripts' digits ("١")."""
+    return text.isascii() and text.isdigit()
+
+
 def parse_slice(text: str) -> tuple[int, int]:
-    """`I/N` (0 <= I < N) as (I, N); an error naming the form otherwise."""
+    """`I/N` (ASCII digits, 0 <= I < N <= MAX_SLICES) as (I, N); an error naming the flag and the value otherwise."""
     index, sep, count = text.partition("/")
-    try:
-        parsed = (int(index), int(count)) if sep else None
-    except ValueError:
-        parsed = None
-    if parsed is None or not 0 <= parsed[0] < parsed[1]:
-        raise ValueError(f"--slice {text!r}: expected I/N with 0 <= I < N, e.g. 0/4")
-    return parsed
+    quoted = repr(text) if len(text) <= 40 else f"{text[:40]!r}... ({len(text)} characters)"
+    if not (sep and _is_number(index) and _is_number(count)):
+        raise ValueError(f"--slice {quoted}: expected I/N in digits with 0 <= I < N, e.g. 0/4")
+    index, count = index.lstrip("0") or "0", count.lstrip("0") or "0"
+    width = len(str(MAX_SLICES))  # more digits: too large (and int() refuses thousands of digits)
+    if len(count) > width or int(count) > MAX_SLICES:
+        raise ValueError(f"--slice {quoted}: expected I/N with N at most {MAX_SLICES} slices")
+    if len(index) > width or not int(index) < int(count):
+        raise ValueError(f"--slice {quoted}: expected I/N with 0 <= I < N, e.g. 0/4")
+    return int(index), int(count)
+
+
+# Hidden temp files of an interrupted local write (storage.write_bytes writes `.name.XXXX` beside `name`).
+TEMP_FILE = r"(.+/)?\.[^/]+"
+
+
+def work_file_pattern(*own: str) -> re.Pattern[str]:
+    """What a command's work area may hold: its own files (regexes of relative paths) and interrupted writes."""
+    return re.compile("|".join(f"(?:{p})" for p in (*own, TEMP_FILE)))
+
+
+def refuse_foreign_work(work: storage.Uri, is_own: Callable[[str], bool], command: str) -> None:
+    """One rule for every work area: refuse, before any work, a `--work` location holding files that are not this
+    command's work files (a data folder, or another command's work area), since a finished run deletes its own
+    files there and a merge reads them."""
+    foreign = [rel for rel in storage.list_files(work) if not is_own(rel)]
+    if foreign:
+        raise storage.InvalidOutputError(
+            f"--work {work} holds {len(foreign)} files that are not a `klear {command}` work area's "
+            f"({storage.some_names(foreign)}): choose an empty location, or the work area of earlier `klear "
+            f"{command}` runs for the same output")
 
 
 def slice_folder(work: storage.Uri, index: int, count: int) -> storage.Uri:

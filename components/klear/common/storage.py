@@ -12,7 +12,14 @@ files the new manifest does not list, so an output folder holds exactly what its
 Ownership: one output has at most one writer. A writer holds the output's lease (`_LEASE.json`)
 from before it changes anything until its manifest is written: on S3 a conditional create
 (`If-None-Match: *`) renewed by a heartbeat, on local paths an flock the kernel drops when the
-process dies. A second writer fails at once with OutputBusyError; see `claim_output`.
+process dies. A second writer fails at once with OutputBusyError; see `claim_output`. A lease only
+says who writes; it is never a licence to delete anything.
+
+What a writer puts into an output before its manifest (the files of a publish under way, progress a
+stage resumes from) it first names in a pending record, `_PENDING-<run id>.json` at the output's root:
+its stage and the files (or folders) it writes. After a crash, those named files, and only those, are
+known to be klear's own: the next run of the same stage may replace them. Anything else found in an
+output without a manifest of the same stage is someone else's, and the output is refused.
 
 Before any work, a stage calls `check_writes` (or `check_output` for one output) with every location it will
 write and every input it reads, to fail in seconds on a location that would replace an input, another stage's
@@ -47,6 +54,7 @@ from urllib.parse import urlparse
 __all__ = [
     "LEASE_NAME",
     "MANIFEST_NAME",
+    "PENDING_PREFIX",
     "InvalidOutputError",
     "LeaseLostError",
     "Manifest",
@@ -65,6 +73,7 @@ __all__ = [
     "list_files",
     "localize",
     "note_input",
+    "note_pending",
     "publish_dir",
     "read_bytes",
     "read_manifest",
@@ -76,6 +85,7 @@ log = logging.getLogger("klear.storage")
 
 MANIFEST_NAME = "_MANIFEST.json"
 LEASE_NAME = "_LEASE.json"
+PENDING_PREFIX = "_PENDING-"  # `_PENDING-<run id>.json`: what one writer is putting in an output before its manifest
 PROBE_PREFIX = "_PROBE-"  # check_output's write probe, deleted at once
 _CHUNK = 8 * 1024 * 1024
 
@@ -276,6 +286,12 @@ def delete(uri: str | Uri) -> None:
         Path(loc.path).unlink(missing_ok=True)
 
 
+def some_names(names: Sequence[str], shown: int = 3) -> str:
+    """The first few of `names` for a message: "a, b, c and 7 more"."""
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
+
+
 def delete_files(uri: str | Uri, owned: Callable[[str], bool]) -> None:
     """Delete the files under `uri` whose relative path `owned` accepts, then, on a local disk, the folders this
     left empty (the folder itself included): another writer's files, and their folders, stay."""
@@ -435,24 +451,29 @@ def _stale_reason(holder: dict[str, Any], age_s: float) -> str | None:
 class OutputLease:
     """One run's exclusive right to publish one output; get it from `claim_output`.
 
-    A stage that writes files into its output before publishing (progress it resumes from) sets `dirty = True`
-    first: if the run then fails or crashes, the lease stays behind as a marker that those files are klear's
-    own, so `check_output` accepts the folder and the next publish removes them."""
+    A stage that writes files into its output before publishing (progress it resumes from) calls `hold` first, so
+    that a crashed run's files are known to be klear's own (by name, in a pending record) and the next run of the
+    stage may replace them; the lease itself proves nothing about the folder it sits in."""
 
     def __init__(self, uri: Uri, run_id: str, inherited: bool) -> None:
         self.uri = uri
         self.run_id = run_id
-        # Taken over from a run that crashed, failed or was declared dead: its files, if any, are klear's own.
-        self.inherited = inherited
-        # True while the folder may hold files no manifest covers; release() then leaves a released lease as a
-        # marker that the leftovers are klear's own (check_output accepts the folder; the next publish cleans it).
-        self.dirty = inherited
+        self.inherited = inherited  # taken over from a run that crashed, failed or was declared dead
+        self._held: set[tuple[str | None, str]] = set()
+
+    def hold(self, stage: str | None, prefix: str) -> None:
+        """Record, before writing there, that this run of `stage` writes the files under `prefix` (a folder of the
+        output, "name/") without a manifest listing them yet; the next publish to the output removes them."""
+        if (stage, prefix) not in self._held:
+            self._held.add((stage, prefix))
+            note_pending(self.uri, self.run_id, stage, prefixes=sorted(p for s, p in self._held if s == stage))
 
     def verify(self) -> None:
         """Raise LeaseLostError unless this run still holds the lease (checked right before the manifest)."""
         raise NotImplementedError
 
     def release(self) -> None:
+        """Give the output up, whether the run succeeded or failed: the lease is deleted."""
         raise NotImplementedError
 
 
@@ -477,16 +498,14 @@ class _LocalLease(OutputLease):
         if self._fd < 0:
             return
         try:
-            if self.dirty:
-                _rewrite_fd(self._fd, _holder_body(self.run_id, 0, released=True))
-            elif _same_file(self.path, self._fd):
+            if _same_file(self.path, self._fd):
                 self.path.unlink()  # while still locked: a waiter that opened the old file sees it is gone
         finally:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
             self._fd = -1
-        if self._created_dir and not self.dirty:
-            with contextlib.suppress(OSError):  # not empty: something was published there after all
+        if self._created_dir:
+            with contextlib.suppress(OSError):  # not empty: something was published (or is pending) there
                 os.rmdir(self.uri.path)
 
 
@@ -622,15 +641,14 @@ class _S3Lease(OutputLease):
             if self._lost:
                 return
             try:
-                if not self.dirty:
-                    try:
-                        _conditional(key, "releasing lease", lambda: _client().delete_object(
-                            Bucket=key.bucket, Key=key.path, IfMatch=self._etag))
-                        return  # deleted, or (precondition failed) no longer ours to delete
-                    except FileNotFoundError:
-                        return
-                    except StorageError as exc:  # a store without conditional deletes: mark it released instead
-                        log.info("%s: conditional delete of the lease refused (%s); marking it released", self.uri, exc)
+                try:
+                    _conditional(key, "releasing lease", lambda: _client().delete_object(
+                        Bucket=key.bucket, Key=key.path, IfMatch=self._etag))
+                    return  # deleted, or (precondition failed) no longer ours to delete
+                except FileNotFoundError:
+                    return
+                except StorageError as exc:  # a store without conditional deletes: mark it released instead
+                    log.info("%s: conditional delete of the lease refused (%s); marking it released", self.uri, exc)
                 self._put(_holder_body(self.run_id, self.ttl_s, released=True))
             except (StorageError, FileNotFoundError) as exc:
                 # Do not hide the run's own outcome; an unreleased lease expires after its ttl.
@@ -691,54 +709,124 @@ def claim_output(output: str | Uri, ttl_s: float | None = None) -> Iterator[Outp
     lease: OutputLease = _acquire_s3(loc, run_id, ttl_s or _lease_ttl()) if loc.is_s3 else _acquire_local(loc, run_id)
     token = _CLAIMS.set((*_CLAIMS.get(), lease))
     try:
-        published = exists(loc.join(MANIFEST_NAME))
-        # A manifest goes first when a publish starts: with one present, no earlier run left partial files.
-        lease.dirty = lease.inherited and not published
         yield lease
     finally:
         _CLAIMS.reset(token)
         lease.release()
 
 
+def _is_pending(base: str) -> bool:
+    return base.startswith(PENDING_PREFIX) and base.endswith(".json")
+
+
 def _nested_roots(names: Iterable[str]) -> set[str]:
-    """Sub-folders that are outputs of their own (a manifest or a lease inside), e.g. `checkpoints/step-N`."""
+    """Sub-folders that are outputs of their own (a manifest, lease or pending record inside), e.g.
+    `checkpoints/step-N`: a publish of the folder above never removes their files."""
     roots = set()
     for name in names:
         folder, _, base = name.rpartition("/")
-        if folder and base in (MANIFEST_NAME, LEASE_NAME):
+        if folder and (base in (MANIFEST_NAME, LEASE_NAME) or _is_pending(base)):
             roots.add(folder)
     return roots
 
 
-def _own_files(loc: Uri) -> list[str]:
+def _own_files(loc: Uri, names: Sequence[str] | None = None) -> list[str]:
     """Files under `loc` that belong to it: all but those inside nested outputs, which have their own owner."""
-    names = list_files(loc)
+    names = list_files(loc) if names is None else names
     nested = _nested_roots(names)
     if not nested:
-        return names
+        return list(names)
     return [name for name in names if not any(name.startswith(root + "/") for root in nested)]
 
 
 def _reserved(name: str) -> bool:
     # README.md: a model's card, written beside its manifest and outside its content (klear.common.model_card)
-    return name in (MANIFEST_NAME, LEASE_NAME, "README.md") or name.startswith(PROBE_PREFIX)
+    return name in (MANIFEST_NAME, LEASE_NAME, "README.md") or name.startswith(PROBE_PREFIX) or _is_pending(name)
 
 
 def _unlisted(loc: Uri, listed: Iterable[str]) -> list[str]:
-    keep = set(listed) | {MANIFEST_NAME, LEASE_NAME, "README.md"}
-    return [name for name in _own_files(loc) if name not in keep]
+    keep = set(listed)
+    return [name for name in _own_files(loc) if name not in keep and not _reserved(name)]
 
 
-def _remove_unlisted(loc: Uri, listed: Iterable[str]) -> None:
-    """Delete what an earlier version (or a crashed run) left that the new manifest does not list."""
-    stale = _unlisted(loc, listed)
-    if not stale:
+@dataclass(frozen=True)
+class Pending:
+    """What writers of one stage put in an output before its manifest: exact files and whole folders ("x/")."""
+
+    stage: str | None
+    files: frozenset[str] = frozenset()
+    prefixes: tuple[str, ...] = ()
+
+    def covers(self, name: str) -> bool:
+        return name in self.files or name.startswith(self.prefixes)
+
+
+def note_pending(uri: str | Uri, run_id: str, stage: str | None, files: Iterable[str] = (),
+                 prefixes: Iterable[str] = ()) -> None:
+    """Record, before writing them, the files (and folders, "name/") that run `run_id` of `stage` puts into the
+    output `uri` ahead of its manifest: after a crash, they are what the next run of the stage may replace."""
+    body = {"format": 1, "stage": stage, "run_id": run_id, "time": _now(), "files": sorted(set(files)),
+            "prefixes": sorted(set(prefixes))}
+    write_bytes(Uri.parse(uri).join(f"{PENDING_PREFIX}{run_id}.json"), json.dumps(body).encode())
+
+
+def _read_pending(loc: Uri, names: Iterable[str]) -> list[tuple[str, Pending]]:
+    """The pending records at `loc`'s root (name, record); one that cannot be read proves nothing and is skipped."""
+    records = []
+    for name in names:
+        if "/" in name or not _is_pending(name):
+            continue
+        try:
+            body = json.loads(read_bytes(loc.join(name)))
+            files, prefixes = body.get("files", []), body.get("prefixes", [])
+            if not (isinstance(files, list) and isinstance(prefixes, list)):
+                raise TypeError("files and prefixes must be lists")
+            records.append((name, Pending(body.get("stage"), frozenset(map(str, files)),
+                                          tuple(str(p) for p in prefixes if str(p).endswith("/")))))
+        except (FileNotFoundError, ValueError, TypeError, AttributeError) as exc:
+            log.warning("%s: ignoring unreadable pending record (%s): it proves nothing", loc.join(name), exc)
+    return records
+
+
+def _known_files(loc: Uri, names: Sequence[str], stage: str | None) -> Pending:
+    """Everything at `loc` that `stage` may replace: what its manifest lists (if the stage published it) and what
+    its pending records name."""
+    files: set[str] = set()
+    prefixes: list[str] = []
+    if MANIFEST_NAME in names:
+        try:
+            manifest = read_manifest(loc)
+        except StorageError:
+            manifest = None  # a corrupt manifest lists nothing
+        if manifest is not None and manifest.meta.get("stage") == stage:
+            files |= set(manifest.files)
+    for _, record in _read_pending(loc, names):
+        if record.stage == stage:
+            files |= record.files
+            prefixes += record.prefixes
+    return Pending(stage, frozenset(files), tuple(prefixes))
+
+
+def _remove_unlisted(loc: Uri, listed: Iterable[str], known: Pending) -> None:
+    """Delete what an earlier version (or a crashed run) of this stage left that the new manifest does not list:
+    only files its manifest or pending records name; anything else is left alone."""
+    unlisted = _unlisted(loc, listed)
+    stale = [name for name in unlisted if known.covers(name)]
+    strangers = [name for name in unlisted if not known.covers(name)]
+    if strangers:
+        log.warning("%s: leaving %d files that no manifest or pending record of this stage names (%s%s)", loc,
+                    len(strangers), ", ".join(strangers[:3]), " ..." if len(strangers) > 3 else "")
+    _delete_names(loc, stale)
+
+
+def _delete_names(loc: Uri, names: Sequence[str]) -> None:
+    if not names:
         return
-    log.info("%s: removing %d files the new manifest does not list", loc, len(stale))
+    log.info("%s: removing %d files the new manifest does not list", loc, len(names))
     if loc.is_s3:
         client = _client()
-        for start in range(0, len(stale), 1000):  # DeleteObjects takes at most 1000 keys
-            batch = [{"Key": loc.join(name).path} for name in stale[start : start + 1000]]
+        for start in range(0, len(names), 1000):  # DeleteObjects takes at most 1000 keys
+            batch = [{"Key": loc.join(name).path} for name in names[start : start + 1000]]
             with _s3_errors(loc, "removing stale files from"):
                 response = client.delete_objects(Bucket=loc.bucket, Delete={"Objects": batch, "Quiet": True})
             if response.get("Errors"):
@@ -746,10 +834,10 @@ def _remove_unlisted(loc: Uri, listed: Iterable[str]) -> None:
                 raise StorageError(f"removing stale files from {loc}: {first.get('Key')}: {first.get('Message')}")
         return
     root = Path(loc.path)
-    for name in stale:
+    for name in names:
         (root / name).unlink(missing_ok=True)
     # Folders the removals emptied go too (only those: a nested output may be creating its own right now).
-    for folder in sorted({(root / name).parent for name in stale}, key=lambda p: -len(p.parts)):
+    for folder in sorted({(root / name).parent for name in names}, key=lambda p: -len(p.parts)):
         while folder != root and folder.is_dir() and not any(folder.iterdir()):
             folder.rmdir()
             folder = folder.parent
@@ -790,40 +878,47 @@ class Manifest:
 
 
 def file_entries(root: Path) -> dict[str, dict[str, Any]]:
-    """Relative path -> {"size", "sha256"} of every file under `root` (a manifest or lease file aside), sorted, as a
-    manifest lists them."""
-    files = sorted(p for p in root.rglob("*") if p.is_file() and p.name not in (MANIFEST_NAME, LEASE_NAME))
+    """Relative path -> {"size", "sha256"} of every file under `root` (manifests, leases and pending records aside),
+    sorted, as a manifest lists them."""
+    files = sorted(p for p in root.rglob("*")
+                   if p.is_file() and p.name not in (MANIFEST_NAME, LEASE_NAME) and not _is_pending(p.name))
     return {p.relative_to(root).as_posix(): {"size": p.stat().st_size, "sha256": sha256_file(p)} for p in files}
 
 
 def publish_dir(local_dir: str | Path, dest: str | Uri, meta: dict[str, Any] | None = None,
                 complete: Callable[[dict[str, dict[str, Any]]], dict[str, dict[str, Any]]] | None = None) -> Manifest:
-    """Publish every file under `local_dir` to `dest`, then the manifest, last; `dest` then holds exactly the
-    files the manifest lists (nested outputs, such as checkpoints with their own manifest, are left alone).
+    """Publish every file under `local_dir` to `dest`, then the manifest, last. Files an earlier publish or a
+    crashed run of the same stage left (its manifest or pending records name them) and the new manifest does not
+    list are removed; nothing else is (nested outputs, such as checkpoints with their own manifest, stay).
     `complete`, once this writer's files are up, gets their entries and returns what the manifest lists: with
     the files other writers uploaded into `dest` (the other nodes of a multi-node checkpoint); it may wait or raise.
 
     Runs under the lease of an enclosing `claim_output(dest)`, else claims `dest` for its own duration: a
-    concurrent writer fails with OutputBusyError, never publishes beside this one. The earlier manifest is
-    removed first, so an overwrite that fails half-way leaves an output that readers refuse.
+    concurrent writer fails with OutputBusyError, never publishes beside this one. A pending record naming every
+    file it writes goes first, then the earlier manifest is removed, so an overwrite that fails half-way leaves
+    an output that readers refuse and the next run of the stage may replace.
     """
     root = Path(local_dir)
     loc = Uri.parse(dest)
+    stage = (meta or {}).get("stage")
     entries = file_entries(root)
     with claim_output(loc) as lease:  # re-enters the caller's claim when there is one
         lease.verify()  # a run whose lease was taken over during its work must not touch the output
-        _refuse_other_stage(loc, (meta or {}).get("stage"), "output")
-        lease.dirty = True
+        _refuse_other_stage(loc, stage, "output")
+        known = _known_files(loc, list_files(loc), stage)
+        note_pending(loc, lease.run_id, stage, files=[*known.files, *entries], prefixes=known.prefixes)
         delete(loc.join(MANIFEST_NAME))
         for rel in entries:
             upload_file(root / rel, loc.join(rel))
         if complete is not None:
             entries = complete(entries)
-        _remove_unlisted(loc, entries)
+        _remove_unlisted(loc, entries, Pending(stage, known.files | set(entries), known.prefixes))
         lease.verify()  # a writer that lost its lease must not publish over its successor
         manifest = Manifest(files=entries, meta=_with_lineage(loc, meta), created=_now(), run_id=lease.run_id)
         write_bytes(loc.join(MANIFEST_NAME), manifest.to_json())
-        lease.dirty = False
+        # The manifest names what is there now: the pending records (this writer's, other nodes', a crashed run's)
+        # have served.
+        _delete_names(loc, [name for name in list_files(loc) if "/" not in name and _is_pending(name)])
     return manifest
 
 
@@ -1078,29 +1173,33 @@ def _stage_name(stage: str | None) -> str:
 
 
 def _refuse_foreign(out: Uri, stage: str | None, role: str) -> None:
-    """Publishing removes the files its manifest does not list: refuse an output that another stage published
-    (a model, say), and a folder that holds files but no sign of this stage (its manifest, a nested output of its
-    own such as a checkpoint, or a lease left by a crashed run), which would be someone else's."""
+    """Publishing replaces what an output holds: refuse an output that another stage published (a model, say) or is
+    publishing, and one holding files that neither a manifest of this stage at the output's root nor a pending
+    record of this stage names (someone else's). Nested outputs (checkpoints) are their own: accepted when this
+    stage's, never removed. A lease, anywhere, proves nothing."""
     if exists(out.join(MANIFEST_NAME)):
         _refuse_other_stage(out, stage, role)
         return
     names = list_files(out)
-    nested = sorted(name for name in names if name.rpartition("/")[2] == MANIFEST_NAME)
-    for name in nested:
+    for name, record in _read_pending(out, names):
+        if record.stage != stage:
+            raise InvalidOutputError(
+                f"{role} {out} holds an unfinished {_stage_name(record.stage)} output ({name}) and this is "
+                f"{_stage_name(stage)}: publishing would replace it; choose another location")
+    for name in sorted(n for n in names if n.rpartition("/")[2] == MANIFEST_NAME):
         owner = _stage_of(out.join(name))
         if owner != stage:
             raise InvalidOutputError(
                 f"{role} {out} holds a published {_stage_name(owner)} output ({name}) and this is "
                 f"{_stage_name(stage)}: publishing would replace it; choose another location")
-    if nested or any(name.rpartition("/")[2] == LEASE_NAME for name in names):
-        return
-    foreign = [name for name in names if not _reserved(name)]
+    known = _known_files(out, names, stage)
+    foreign = [name for name in _own_files(out, names) if not _reserved(name) and not known.covers(name)]
     if foreign:
-        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
         raise InvalidOutputError(
-            f"{role} {out} already holds {len(foreign)} files and is not a klear output ({shown}); publishing "
-            "replaces everything in an output, so refusing to write there: choose an empty location or remove them"
-        )
+            f"{role} {out} already holds {len(foreign)} files that are not this stage's ({some_names(foreign)}): "
+            "no manifest or "
+            "pending record of it names them, and publishing replaces what an output holds, so refusing to write "
+            "there: choose an empty location or remove them")
 
 
 def _probe_local(out: Uri) -> None:

@@ -206,7 +206,7 @@ class _Judging:
     def label(self, label: str, locals_: Sequence[LocalSource], selection: Selection, bench: BenchmarkSet,
               total: int) -> dict[tuple[str, int], SampleScore]:
         cfg = self.config.judge
-        store = ScoreStore(self.output, f"{settings_key(cfg)}-{label}") if cfg.resume else None
+        store = ScoreStore(self.output, f"{settings_key(cfg)}-{label}", self.lease, STAGE.name) if cfg.resume else None
         saved = store.load() if store is not None else {}
         scores: dict[tuple[str, int], SampleScore] = {}
         for local in locals_:
@@ -230,7 +230,6 @@ class _Judging:
                 for i, j in zip(todo, fresh):
                     results[i] = j
                 if store is not None and fresh:
-                    self.lease.dirty = True  # files no manifest lists: a crash leaves a marker that they are ours
                     store.save([{"id": str(rows[i]["id"]), "sample": int(rows[i]["sample"]), "fingerprint": prints[i],
                                  **j.to_dict()} for i, j in zip(todo, fresh)])
                 self.reused += len(rows) - len(todo)
@@ -335,6 +334,7 @@ def run(samples: Iterable[SampleSource | str], output: str, config: EvaluateConf
                 per_label[label] = judging.label(label, opened[label], selections[label], bench,
                                                  len(selections[label].keys))
             judging.modes.close()
+            judge.check_scorer_works()
             mode_blocks = {label: {mode: mode_scores(selections[label], bench, config, correct)
                                    for mode, correct in judging.mode_correct[label].items()} for label in labels}
             judge_counts = {"workers": judge.workers, "budget_timeouts": judge.timeouts, "scorer_errors": judge.errors,

@@ -69,14 +69,16 @@ STORE_SCHEMA = pa.schema([("id", pa.string()), ("sample", pa.int64()), ("fingerp
 class ScoreStore:
     """Scores saved under `<output>/_scores/<settings key>/` while a run goes on, one Parquet file per chunk.
 
-    Written with the output's lease marked dirty, so a crashed run's files are known as klear's own; the final
-    publish removes them (its manifest does not list them). A file that cannot be read is ignored: its samples
-    are judged again.
+    Inside an output, `lease` (the output's) names the folder in a pending record before the first file, so a
+    crashed run's files are known as the stage's own; the final publish removes them (its manifest does not list
+    them). In a work area (no lease) the work area's own rules apply. A file that cannot be read is ignored: its
+    samples are judged again.
     """
 
     FOLDER = "_scores"
 
-    def __init__(self, output: str, key: str):
+    def __init__(self, output: str, key: str, lease: storage.OutputLease | None = None, stage: str | None = None):
+        self.lease, self.stage = lease, stage
         self.prefix = storage.Uri.parse(output).join(self.FOLDER, key)
         self._run = uuid.uuid4().hex[:8]
         self._count = 0
@@ -100,6 +102,8 @@ class ScoreStore:
     def save(self, rows: list[Mapping[str, Any]]) -> None:
         if not rows:
             return
+        if self.lease is not None:
+            self.lease.hold(self.stage, f"{self.FOLDER}/")
         sink = io.BytesIO()
         pq.write_table(pa.Table.from_pylist([dict(r) for r in rows], schema=STORE_SCHEMA), sink, compression="zstd")
         storage.write_bytes(self.prefix.join(f"chunk-{self._run}-{self._count:06d}.parquet"), sink.getvalue())

@@ -25,7 +25,7 @@ from klear.judge.scoring import Judgement, failed, prepare
 from klear.verifiers.code_verifier import select_tests
 from klear.verifiers.config import worker_verifier
 
-__all__ = ["Judge", "judge_samples", "resolve_problems"]
+__all__ = ["Judge", "ScorerFailedError", "judge_samples", "resolve_problems"]
 
 log = logging.getLogger("klear.judge")
 
@@ -51,6 +51,10 @@ def resolve_problems(samples: Sequence[Mapping[str, Any]], problems: Mapping[str
     return out
 
 
+class ScorerFailedError(RuntimeError):
+    """Every sample sent to the scorer failed with an error: the stage has failed, whatever it would publish."""
+
+
 class Judge:
     """Judge samples on worker processes with hard per-sample budgets (see the module doc). A context manager;
     workers start on first use. `timeouts` / `errors` count budget overruns and scorer failures so far."""
@@ -59,6 +63,8 @@ class Judge:
         self.config = config or JudgeConfig()
         self.workers = resolve_workers(self.config.workers)
         self._pools: dict[str, WorkerPool] = {}
+        self.scored = 0  # samples sent to a scorer so far
+        self.last_error = ""  # the latest scorer error's message
 
     def _pool(self, kind: str) -> WorkerPool:
         pool = self._pools.get(kind)
@@ -115,11 +121,23 @@ class Judge:
                     verdict = "budget_timeout" if reply.status == "timeout" else "scorer_error"
                     results[i] = failed(kind, verdict, total, extracted)
                     log.debug("sample %s: %s (%s)", samples[i].get("id"), verdict, reply.message)
+                    if verdict == "scorer_error":
+                        self.last_error = str(reply.message)
+            self.scored += len(items)
             if pool.last_timeouts or pool.last_errors:
                 log.warning("%s judging: %d sample(s) over the %.0f s budget (workers killed and replaced), %d "
                             "scorer error(s); counted as wrong", kind, pool.last_timeouts, pool.item_timeout_s,
                             pool.last_errors)
         return [r for r in results if r is not None]
+
+    def check_scorer_works(self) -> None:
+        """Raise ScorerFailedError when every sample sent to a scorer failed with an error: a broken scorer (an
+        import error, a wrong `scorer` setting) judged nothing, and its all-wrong verdicts are no result."""
+        if self.scored and self.errors >= self.scored:
+            raise ScorerFailedError(
+                f"every one of the {self.scored} samples sent to the scorer {self.config.scorer} failed with an error "
+                f"(the last: {self.last_error[-500:] or 'no message'}): the scorer is broken, not the samples; "
+                "nothing published")
 
     def close(self) -> None:
         for pool in self._pools.values():

@@ -44,7 +44,17 @@ from klear.common import storage
 from klear.common.data_stage import DataStage, StageOutput
 from klear.common.records import ParquetShardWriter
 from klear.common.sample_rows import SampleInputError, iter_sample_tables
-from klear.common.slices import MergeIncompleteError, add_slice_arguments, claim_slice, parse_slice, slice_folder, slice_of, work_beside
+from klear.common.slices import (
+    MergeIncompleteError,
+    add_slice_arguments,
+    claim_slice,
+    parse_slice,
+    refuse_foreign_work,
+    slice_folder,
+    slice_of,
+    work_beside,
+    work_file_pattern,
+)
 from klear.judge.config import JudgeConfig
 from klear.judge.io import JUDGE_COLUMNS, ScoreStore, fingerprint, judgement_columns, references_key, settings_key
 from klear.judge.modes import ModeComparison
@@ -121,7 +131,7 @@ class _Tally:
 
 def _judge_batch(table: pa.Table, judge: Judge | SliceScores, problems: Mapping[str, Problem] | None,
                  saved: Mapping[tuple[str, int], tuple[str, dict[str, Any]]],
-                 store: ScoreStore | None, lease: storage.OutputLease) -> tuple[list[Judgement], int]:
+                 store: ScoreStore | None) -> tuple[list[Judgement], int]:
     """Judgements of one batch, reusing saved ones whose fingerprint still matches; saves the new ones."""
     rows = table.select([c for c in _ROW_FIELDS if c in table.column_names]).to_pylist()
     problem_of = resolve_problems(rows, problems, judge.config.task)
@@ -138,7 +148,6 @@ def _judge_batch(table: pa.Table, judge: Judge | SliceScores, problems: Mapping[
     for i, j in zip(todo, fresh):
         out[i] = j
     if store is not None and fresh:
-        lease.dirty = True  # files no manifest lists: a crash leaves a marker that they are klear's own
         store.save([{"id": str(rows[i]["id"]), "sample": int(rows[i]["sample"]), "fingerprint": prints[i], **j.to_dict()}
                     for i, j in zip(todo, fresh)])
     return [j for j in out if j is not None], len(rows) - len(todo)
@@ -163,6 +172,8 @@ def run(samples: str, output: str, config: JudgeConfig, problems: str | None = N
     read: str | Sequence[str] | None = problems or (list(given[1]) if given is not None else None)
     checked = STAGE.check(output, {"samples": samples, "problems": read}, work=work_uri,
                           role="--output" if sliced else "output")
+    if checked.work is not None:
+        refuse_foreign_work(checked.work, is_work_file, "judge")
     problem_map = load_problem_map(problems, config.task) if problems else dict(given[0]) if given is not None else None
     if part is not None:
         return run_slice(part, samples, read, checked, config, problem_map, started)
@@ -174,13 +185,14 @@ def run(samples: str, output: str, config: JudgeConfig, problems: str | None = N
     with checked.open() as out, merged or Judge(config) as judge:
         modes = ModeComparison(config)  # closes its own judges in summary() (and at exit)
         staging = out.staging
-        store = ScoreStore(output, settings_key(config)) if config.resume and merged is None else None
+        store = (ScoreStore(output, settings_key(config), out.lease, STAGE.name)
+                 if config.resume and merged is None else None)
         saved = merged.saved if merged is not None else store.load() if store is not None else {}
         writer: ParquetShardWriter | None = None
         last_log = time.monotonic()
         for origin, table in iter_sample_tables(samples, config.chunk_size):
             table = table.drop_columns([c for c in JUDGE_COLUMNS if c in table.column_names])
-            judgements, reused = _judge_batch(table, judge, problem_map, saved, store, out.lease)
+            judgements, reused = _judge_batch(table, judge, problem_map, saved, store)
             tally.reused += reused
             mode_rows = table.select([c for c in _ROW_FIELDS if c in table.column_names]).to_pylist() if modes.judges else []
             modes.add(mode_rows, resolve_problems(mode_rows, problem_map, config.task) if mode_rows else [], judgements)
@@ -199,6 +211,7 @@ def run(samples: str, output: str, config: JudgeConfig, problems: str | None = N
                 last_log = time.monotonic()
                 log.info("%d samples judged (%d reused), %.1f samples/s", tally.samples, tally.reused,
                          tally.samples / (last_log - started))
+        judge.check_scorer_works()
         if merged is not None:
             merged.check_complete(tally.samples)
             tally.reused = merged.reused
@@ -319,6 +332,13 @@ def problems_of(stage: str, preset: str, overrides: list[str],
 
 
 _PART = re.compile(r"([0-9]+)-of-([0-9]+)/part\.json")
+# What a judge work area holds: the slices' saved scores (per settings key), their parts and leases.
+_WORK_FILE = work_file_pattern(rf"{ScoreStore.FOLDER}/[^/]+/chunk-[^/]+\.parquet",
+                               r"slices/[0-9]+-of-[0-9]+/(part\.json|_LEASE\.json)")
+
+
+def is_work_file(rel: str) -> bool:
+    return _WORK_FILE.fullmatch(rel) is not None
 
 
 def inputs_digest(samples: str, problems: str | Sequence[str] | None) -> str:
@@ -337,7 +357,7 @@ def run_slice(part: tuple[int, int], samples: str, problems: str | Sequence[str]
     where = slice_folder(checked.work, index, count)
     key = settings_key(config)
     with contextlib.ExitStack() as stack:
-        lease = stack.enter_context(claim_slice(checked.work, index, count, checked.uri, "judged"))
+        stack.enter_context(claim_slice(checked.work, index, count, checked.uri, "judged"))
         digest = inputs_digest(samples, problems)
         judge = stack.enter_context(Judge(config))
         store = ScoreStore(str(checked.work), key)  # always saved: the merge reads them
@@ -351,7 +371,7 @@ def run_slice(part: tuple[int, int], samples: str, problems: str | Sequence[str]
             if table.num_rows == 0:
                 continue
             table = table.drop_columns([c for c in JUDGE_COLUMNS if c in table.column_names])
-            judgements, hits = _judge_batch(table, judge, problem_map, saved, store, lease)
+            judgements, hits = _judge_batch(table, judge, problem_map, saved, store)
             judged, reused = judged + len(judgements), reused + hits
             if time.monotonic() - last_log >= config.progress_seconds:
                 last_log = time.monotonic()
@@ -361,6 +381,7 @@ def run_slice(part: tuple[int, int], samples: str, problems: str | Sequence[str]
                   "samples": judged, "reused": reused, "read": read, "workers": judge.workers,
                   "budget_timeouts": judge.timeouts, "scorer_errors": judge.errors,
                   "elapsed_s": round(time.monotonic() - started, 3)}
+        judge.check_scorer_works()
         # Last: a slice whose part is there has saved every score of its samples.
         storage.write_bytes(where.join("part.json"), json.dumps(report, indent=2).encode())
     log.info("slice %d/%d of %s: %d samples judged (%d reused); the merge publishes", index, count, checked.uri,
@@ -412,6 +433,7 @@ class SliceScores:
             return cls(config, checked.work, [], digest, dict(json.loads(storage.read_bytes(
                 checked.uri.join("report.json")))))
         parts: dict[int, dict[int, dict[str, Any]]] = {}
+        others: list[str] = []  # parts of other inputs or settings: named when they are what is missing
         for rel in storage.list_files(checked.work.join("slices")):
             found = _PART.fullmatch(rel)
             if found is None:
@@ -419,11 +441,17 @@ class SliceScores:
             part = json.loads(storage.read_bytes(checked.work.join("slices", rel)))
             if part.get("settings_key") == key and part.get("inputs_digest") == digest:
                 parts.setdefault(int(found[2]), {})[int(found[1])] = part
+            else:
+                differs = "samples or problems" if part.get("inputs_digest") != digest else "judge settings"
+                others.append(f"{found[1]}/{found[2]} judged other {differs}")
         try:
             count = complete_count(parts)
         except MergeIncompleteError as exc:
-            raise MergeIncompleteError(f"{checked.work}: {exc}. Run `klear judge ... --slice I/N` with the same "
-                                       "flags for each of them, then merge; nothing published") from None
+            mismatch = (f"; the work area holds parts that do not match this merge ({', '.join(others[:5])}"
+                        f"{' ...' if len(others) > 5 else ''}): the slices and the merge must be given the same "
+                        "--samples, --problems and settings") if others else ""
+            raise MergeIncompleteError(f"{checked.work}: {exc}{mismatch}. Run `klear judge ... --slice I/N` with "
+                                       "the same flags for each of them, then merge; nothing published") from None
         merged = cls(config, checked.work, [parts[count][i] for i in range(count)], digest)
         merged.saved = ScoreStore(str(checked.work), key).load()
         return merged
@@ -439,6 +467,9 @@ class SliceScores:
         self.missing += [(str(r["id"]), int(r["sample"])) for r in rows[: max(0, 5 - len(self.missing))]]
         return [Judgement("none", False, 0.0, "not_judged") for _ in rows]
 
+    def check_scorer_works(self) -> None:
+        """Each slice checked its own scorer before leaving its part."""
+
     def check_complete(self, samples: int) -> None:
         if not self.missing_count:
             return
@@ -449,8 +480,12 @@ class SliceScores:
             f"rerun those slices, then merge; nothing published")
 
     def delete_work(self) -> None:
-        """Remove the slices' scores and parts once published (the work area's other files are not ours)."""
-        storage.delete_files(self.work, lambda rel: rel.startswith((f"{ScoreStore.FOLDER}/", "slices/")))
+        """Once published, remove what the merged slices wrote (their scores under these settings, their parts and
+        leases); the work area's other files, other settings' scores and other slice counts' parts, stay."""
+        key = settings_key(self.config)
+        ours = re.compile(rf"{re.escape(ScoreStore.FOLDER)}/{re.escape(key)}/[^/]+\.parquet"
+                          rf"|slices/[0-9]+-of-{self.count}/(part\.json|_LEASE\.json)")
+        storage.delete_files(self.work, lambda rel: ours.fullmatch(rel) is not None)
 
 
 # --------------------------------------------------------------------------- CLI

@@ -202,6 +202,7 @@ def run(problems: str, samples: str, output: str, config: RlFilterConfig, benchm
         for pid, c in by_id.items():
             c.passed, c.samples = first_k_pass_rate(judged.get(pid, ()), config.samples_per_problem)
             c.reason = decide(c.problem.kind or "", c.problem.n_tests, c.passed, c.samples, config)
+        judge.check_scorer_works()
         kept, removed = _write(staging, candidates, config)
         elapsed = time.monotonic() - started
         report = _report(problems, samples, specs, task, config, candidates, sample_filter, verdicts, judge, elapsed)

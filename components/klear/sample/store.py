@@ -5,6 +5,7 @@
                                     locally a temp file renamed into place), so a shard is complete or absent
     <work>/index/<name>.json        the shard's unit keys, written after the shard: a restart reads these
                                     small files, not the responses (a shard without its index is read itself)
+    <work>/corrupt/<name>.parquet   a shard that could not be read, set aside (its units are sampled again)
     <work>/index/<writer>*.parquet  the unit keys of the shards one writer wrote: every `compact_every` shards
                                     a segment of those shards (then their per-shard indexes are deleted), and
                                     every `compact_every` segments one index of all it wrote, replacing its
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import re
+import logging
 import secrets
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -37,7 +38,7 @@ import pyarrow.parquet as pq
 
 from klear.common import storage
 from klear.common.sample_rows import SAMPLE_SCHEMA
-from klear.common.slices import slice_folder
+from klear.common.slices import refuse_foreign_work, slice_folder, work_file_pattern
 from klear.sample.backends.base import Completion
 from klear.sample.reasoning import render
 
@@ -65,6 +66,15 @@ _HELD_INDEX_SCHEMA = pa.schema([("shard", _NAME), ("row", pa.int32()), ("id", _N
 KEYS_SCHEMA = pa.schema([("id", _NAME), ("sample", pa.int32()), ("prompt_hash", _NAME), ("shard", pa.int32()),
                          ("row", pa.int32())])
 COMPACT_EVERY = 64  # shards between rewrites of a writer's index
+
+
+log = logging.getLogger("klear.sample")
+
+CORRUPT = "corrupt"  # shards that could not be read, kept for a look, out of every scan
+
+
+class CorruptShardError(RuntimeError):
+    """A shard of the work area could not be read: it was set aside and its units will be sampled again."""
 
 
 class ResumeMismatchError(ValueError):
@@ -229,8 +239,24 @@ class WorkArea:
         storage.write_bytes(self.uri.join("index", f"{name}.json"), _index_bytes(table))
 
     def read_shard(self, name: str, columns: list[str] | None = None) -> pa.Table:
-        data = storage.read_bytes(self.uri.join("shards", f"{name}.parquet"))
-        return pq.read_table(pa.BufferReader(data), columns=columns)
+        """A shard's rows; a shard that cannot be read (truncated or overwritten on disk) is moved out of the way
+        with its index, so that the next scan no longer counts its units as done, and CorruptShardError names it."""
+        uri = self.uri.join("shards", f"{name}.parquet")
+        data = storage.read_bytes(uri)
+        try:
+            return pq.read_table(pa.BufferReader(data), columns=columns)
+        except (pa.ArrowInvalid, OSError) as exc:
+            self._set_aside(name, data)
+            raise CorruptShardError(
+                f"{uri}: the shard cannot be read ({exc}); it was moved to {self.uri.join(CORRUPT, f'{name}.parquet')} "
+                "and its units count as not done: run the sampling again (the slices, then the merge) to sample "
+                "them again; nothing was published") from None
+
+    def _set_aside(self, name: str, data: bytes) -> None:
+        storage.write_bytes(self.uri.join(CORRUPT, f"{name}.parquet"), data)
+        storage.delete(self.uri.join("shards", f"{name}.parquet"))
+        with contextlib.suppress(FileNotFoundError):
+            storage.delete(self.uri.join("index", f"{name}.json"))
 
     def shard_names(self) -> list[str]:
         return sorted(_stems(storage.list_files(self.uri.join("shards")), ".parquet"))
@@ -279,7 +305,11 @@ class WorkArea:
                 return _writer_index_rows(name, table), False
             except FileNotFoundError:  # covered by its writer's index since it was listed: read the shard
                 return _writer_index_rows(name, self.read_shard(name, _KEY_COLUMNS)), False
-        table = self.read_shard(name, _KEY_COLUMNS)
+        try:
+            table = self.read_shard(name, _KEY_COLUMNS)
+        except CorruptShardError as exc:  # set aside: its units are sampled again
+            log.warning("%s", exc)
+            return _held_index(None), False
         storage.write_bytes(self.uri.join("index", f"{name}.json"), _index_bytes(table))
         return _writer_index_rows(name, table), True
 
@@ -287,18 +317,10 @@ class WorkArea:
         for name in names:
             yield name, self.read_shard(name)
 
-    def foreign_files(self) -> list[str]:
-        """Files in the work area that a work area never holds: someone else's, never to be deleted or read."""
-        return [rel for rel in storage.list_files(self.uri) if not is_work_file(rel)]
-
     def check_own(self) -> None:
-        """Refuse a work area holding files that are not a work area's (a data folder given as --work, say)."""
-        foreign = self.foreign_files()
-        if foreign:
-            shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
-            raise storage.InvalidOutputError(
-                f"--work {self.uri} holds {len(foreign)} files that are not a sample work area's ({shown}); the "
-                "work area is deleted when done (keep_work=false): choose an empty location or another stage's own")
+        """Refuse a work area holding files that are not a sample work area's (a data folder given as --work, or
+        a judge's work area, say)."""
+        refuse_foreign_work(self.uri, is_work_file, "sample")
 
     def delete_all(self) -> None:
         """Delete the work area's own files, then the folder if nothing else is left in it."""
@@ -307,9 +329,8 @@ class WorkArea:
 
 # What a work area holds: its settings, shards and their indexes, the report and failed units of a run that
 # failed, each slice's lease, failed units and report, and the hidden temp files of an interrupted local write.
-_WORK_FILE = re.compile(r"(settings\.json|report\.json|report\.md|shards/[^/]+\.parquet|index/[^/]+\.(json|parquet)"
-                        r"|failed/[^/]+\.parquet|slices/[0-9]+-of-[0-9]+/(_LEASE\.json|failed\.parquet|report\.json)"
-                        r"|(.+/)?\.[^/]+)")
+_WORK_FILE = work_file_pattern(r"settings\.json|report\.json|report\.md|shards/[^/]+\.parquet|index/[^/]+\.(json|parquet)"
+                               r"|failed/[^/]+\.parquet|corrupt/[^/]+\.parquet|slices/[0-9]+-of-[0-9]+/(_LEASE\.json|failed\.parquet|report\.json)")
 
 
 def is_work_file(rel: str) -> bool:

@@ -333,13 +333,13 @@ class Plan:
         prompt gone or changed since, its sample index beyond the prompt's count)."""
         if len(ids) == 0:
             return np.zeros(0, np.int64)
+        if len(self.ids) == 0:  # a plan of no prompts (an empty slice) wants none of them
+            return np.full(len(ids), -1, np.int64)
         found = np.asarray(pc.fill_null(pc.index_in(ids, value_set=self.ids), -1), np.int64)
         safe = np.where(found >= 0, found, 0)
         sample = np.asarray(samples, np.int64)
         same = np.asarray(pc.fill_null(pc.equal(hashes, self.hashes.take(pa.array(safe))), False), bool)
         counts = np.diff(self.offsets)
-        if len(counts) == 0:
-            return np.full(len(found), -1, np.int64)
         ok = (found >= 0) & same & (sample >= 0) & (sample < counts[safe])
         return np.where(ok, self.offsets[safe] + sample, -1)
 

@@ -151,6 +151,7 @@ def run(samples: str, output: str, config: SftDataConfig, reference: str | None 
                         "is unknown; see report.md", len(counts.no_reference_ids),
                         len(counts.no_reference_ids) + len(counts.reference_ids), reference,
                         ", ".join(sorted(counts.no_reference_ids)[:5]))
+        judge.check_scorer_works()
         if counts.kept == 0:
             raise SftDataError(f"no record of {samples} was kept ({counts.read} read, dropped {dict(counts.dropped)}): "
                                "nothing published")
