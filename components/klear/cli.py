@@ -28,6 +28,7 @@ COMMANDS = {
     "verify-math": "klear.verifiers.cli",
     "verify-code": "klear.verifiers.cli",
     "lineage": "klear.common.lineage",  # a tool, not a stage: reads manifests only
+    "plan": "klear.plan.command",  # a tool, not a stage: checks a compiled pipeline's arguments, on CPU
 }
 
 

@@ -75,7 +75,7 @@ def test_prompt_stream_is_a_seeded_partition_that_resumes() -> None:
     assert resumed.take(7) == ranks[0].take(7)
 
 
-@pytest.mark.parametrize(("preset", "accumulation"), [("math", 4), ("code", 8)])
+@pytest.mark.parametrize(("preset", "accumulation"), [("math", 8), ("code", 16)])
 def test_paper_batch_layout_on_8_gpus(preset: str, accumulation: int, tmp_path) -> None:
     """128 prompts x 8 rollouts per round; optimizer steps on 16 (math) / 32 (code) prompts; groups stay on one rank."""
     from klear.common.config import load_config

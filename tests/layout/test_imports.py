@@ -42,12 +42,14 @@ ALLOWED: dict[str, set[str]] = {
     # verifiers: the report states the judging rules the verifier settings give.
     "evaluate": {"common", "judge", "sample", "testsets", "verifiers"},
     "cli": {"common"},
+    # plan: a tool that loads every stage's config (config modules only) and checks them together; torch-free.
+    "plan": {"common", "cli", "curate", "sample", "judge", "sft_data", "sft", "rl_filter", "gppo", "evaluate"},
 }
 # Packages that only exist in the training (GPU) image.
 TRAINING_ONLY = ("torch", "transformers", "trl", "deepspeed", "accelerate", "vllm")
 # What the CPU image imports: the base, the verifiers, the command, every stage registered on the CPU image, and sample
 # (importable alone: evaluate imports it, and its endpoint backend needs no torch).
-TORCH_FREE = tuple(sorted({"common", "verifiers", "cli", "sample"}
+TORCH_FREE = tuple(sorted({"common", "verifiers", "cli", "sample", "plan"}
                           | {stage_package(command) for command, stage in STAGES.items() if stage.image == "cpu"}))
 
 

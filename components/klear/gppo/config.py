@@ -166,3 +166,23 @@ class GppoConfig(StageConfig, TrackingSettings):
     def updates_per_step(self) -> int:
         """Optimizer steps per generation round: the off-policy mini-batches of one round."""
         return self.prompts_per_step // self.prompts_per_update
+
+    @property
+    def engine_length(self) -> int:
+        """The colocated vLLM engine's max_model_len: the longest prompt plus the longest completion."""
+        return self.max_prompt_length + self.max_completion_length
+
+
+def accumulation_steps(cfg: GppoConfig, world_size: int) -> int:
+    """Gradient accumulation steps of one optimizer update over `world_size` processes, so the update holds
+    `prompts_per_update` x `num_generations` rollouts at any world size (TRL's rule: an update is
+    per_device_train_batch_size x world size x gradient_accumulation_steps rollouts, and a generation round's
+    prompts split evenly over the processes). The one rule the trainer (grpo_arguments) and `klear plan` apply;
+    a ValueError names the values that do not split."""
+    rollouts_per_update = cfg.prompts_per_update * cfg.num_generations
+    per_step = cfg.per_device_batch_size * world_size
+    if world_size < 1 or rollouts_per_update % per_step or cfg.prompts_per_step % world_size:
+        raise ValueError(f"{rollouts_per_update} rollouts per update (prompts_per_update x num_generations) and "
+                         f"prompts_per_step {cfg.prompts_per_step} must split evenly over {world_size} processes x "
+                         f"per_device_batch_size {cfg.per_device_batch_size}")
+    return rollouts_per_update // per_step

@@ -24,7 +24,7 @@ import torch
 from trl import GRPOConfig, GRPOTrainer
 
 from klear.gppo.batching import gather_rows, pick_groups, shortfall, varied_groups
-from klear.gppo.config import GppoConfig
+from klear.gppo.config import GppoConfig, accumulation_steps
 from klear.gppo.losses import policy_loss, sft_loss
 from klear.gppo.metrics import gradient_kept_fraction
 
@@ -101,13 +101,7 @@ def grpo_arguments(cfg: GppoConfig, output_dir: Path, world_size: int, use_cpu: 
                    attn_implementation: str) -> GRPOConfig:
     """TRL's config for the paper's batch layout: one generation round of `prompts_per_step` prompts,
     trained on as `updates_per_step` optimizer steps of `prompts_per_update` prompts each."""
-    rollouts_per_update = cfg.prompts_per_update * cfg.num_generations
-    per_step = cfg.per_device_batch_size * world_size
-    if rollouts_per_update % per_step or cfg.prompts_per_step % world_size:
-        raise ValueError(f"{rollouts_per_update} rollouts per update (prompts_per_update x num_generations) and "
-                         f"prompts_per_step {cfg.prompts_per_step} must split evenly over {world_size} processes x "
-                         f"per_device_batch_size {cfg.per_device_batch_size}")
-    accumulation = rollouts_per_update // per_step
+    accumulation = accumulation_steps(cfg, world_size)  # the rule `klear plan` checks too
     return GRPOConfig(
         output_dir=str(output_dir),
         per_device_train_batch_size=cfg.per_device_batch_size,
@@ -138,7 +132,7 @@ def grpo_arguments(cfg: GppoConfig, output_dir: Path, world_size: int, use_cpu: 
         vllm_gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
         vllm_tensor_parallel_size=cfg.vllm_tensor_parallel_size,
         vllm_enable_sleep_mode=cfg.vllm_enable_sleep_mode,
-        vllm_max_model_length=cfg.max_prompt_length + cfg.max_completion_length,
+        vllm_max_model_length=cfg.engine_length,
         vllm_importance_sampling_correction=cfg.vllm_is_correction,
         vllm_importance_sampling_mode="token_truncate",  # per-token weights: batching.py re-pads them per token
         vllm_importance_sampling_clip_max=cfg.vllm_is_cap,
