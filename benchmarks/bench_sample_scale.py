@@ -1,6 +1,7 @@
 """Paper-scale sampling bookkeeping: memory per unit, merge speed and restart time, beside the earlier path.
 
     python benchmarks/bench_sample_scale.py [--prompts 150000] [--n 16] [--small] [--local] [--legacy-ref REF]
+                                            [--response-bytes 30000]
 
 A synthetic run of `prompts` x `n` units (2.4M by default) through the real `klear sample` coordinator, work
 area and merge (klear.sample.stage.run with --slice 0/1, then --merge), with an in-process backend that answers
@@ -17,7 +18,9 @@ The same phases run with the code of `--legacy-ref` (git; default the commit bef
 merge: per-unit dicts and sets, one index object per 256-unit shard) on a work area of its own. Memory per
 unit is (peak RSS - RSS after imports) / units: the prompts' own objects are included (per prompt, not per
 unit). The 24M-unit lines scale the per-unit figures linearly (memory) and the restart by the index objects.
-`--small`: 10,000 prompts x 16 (about a minute).
+`--small`: 10,000 prompts x 16 (about a minute). `--response-bytes B`: each response's reasoning is B bytes
+(default: a ~25-byte line): a teacher row is ~30 KB, so `--response-bytes 30000` measures a merge of realistic rows
+(rows/s and MB/s of response text) instead of the bookkeeping alone.
 
 Measured 2026-12-05 on 2 shared cores, `python benchmarks/bench_sample_scale.py` (8 min in all; today's three
 phases 82 + 70 + 54 s), today vs earlier: coordinator state after the scan 50 / 75 B/unit (first run / restart)
@@ -109,10 +112,15 @@ def phase(args: argparse.Namespace) -> dict[str, Any]:
         def generate(self, requests: Any) -> Any:
             first_request.append(time.monotonic())
             state_rss.append(_rss_kb())  # what the coordinator holds once it knows what to sample
+            reasoning = "Let me add the columns."
+            if args.response_bytes:  # text that compresses as reasoning does, not as one repeated line
+                words = [f"step{i % 997} carries {i * 7919 % 10007}" for i in range(args.response_bytes // 20 + 1)]
+                reasoning = " ".join(words)[: args.response_bytes]
             for k, request in enumerate(requests):
                 if args.stop_after is not None and k >= args.stop_after:
                     raise Preempted
-                yield Completion(request, Parsed("Let me add the columns.", "42", True), "stop", 30, 12, "bench")
+                yield Completion(request, Parsed(reasoning, "42", True), "stop", 30, max(12, len(reasoning) // 4),
+                                 "bench")
 
         def close(self) -> None:
             pass
@@ -138,9 +146,9 @@ def phase(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _child(kind: str, legacy: str | None, prompts: str, output: str, work: str, n: int, stop_after: int | None,
-           env: dict[str, str]) -> dict[str, Any]:
+           env: dict[str, str], response_bytes: int = 0) -> dict[str, Any]:
     command = [sys.executable, __file__, "--phase", kind, "--prompts-uri", prompts, "--output", output, "--work", work,
-               "--n", str(n)] + (["--legacy", legacy] if legacy else []) + \
+               "--n", str(n), "--response-bytes", str(response_bytes)] + (["--legacy", legacy] if legacy else []) + \
               (["--stop-after", str(stop_after)] if stop_after is not None else [])
     done = subprocess.run(command, env=env, capture_output=True, text=True)
     if done.returncode != 0:
@@ -162,6 +170,7 @@ def main() -> None:
     parser.add_argument("--small", action="store_true", help="10,000 prompts: a quick run")
     parser.add_argument("--local", action="store_true", help="the work area in a local folder, not SeaweedFS")
     parser.add_argument("--legacy-ref", default=LEGACY_REF, help="git ref of the earlier path ('' to skip it)")
+    parser.add_argument("--response-bytes", type=int, default=0, help="bytes of reasoning per response (0: one line)")
     # A phase in its own process (internal).
     parser.add_argument("--phase", choices=["fill", "restart", "merge"])
     parser.add_argument("--prompts-uri")
@@ -197,8 +206,8 @@ def main() -> None:
             boto3.client("s3", endpoint_url=server.endpoint, region_name="us-east-1").create_bucket(Bucket="bench")
             root = "s3://bench"
         try:
-            print(f"{args.prompts:,} prompts x {args.n} = {units:,} units; work area on "
-                  f"{'a local folder' if args.local else 'SeaweedFS (loopback)'}", flush=True)
+            print(f"{args.prompts:,} prompts x {args.n} = {units:,} units of {args.response_bytes or 23:,} bytes of "
+                  f"reasoning; work area on {'a local folder' if args.local else 'SeaweedFS (loopback)'}", flush=True)
             results: dict[str, dict[str, Any]] = {}
             for label, legacy in (("today", None), ("earlier", args.legacy_ref or None)):
                 if label == "earlier" and not legacy:
@@ -206,19 +215,19 @@ def main() -> None:
                 output, work = f"{root}/{label}/samples", f"{root}/{label}/samples.work"
                 row: dict[str, Any] = {}
                 for kind, stop in (("fill", int(units * args.done)), ("restart", None), ("merge", None)):
-                    row[kind] = _child(kind, legacy, str(prompts), output, work, args.n, stop, env)
+                    row[kind] = _child(kind, legacy, str(prompts), output, work, args.n, stop, env, args.response_bytes)
                     print(f"  {label:8s} {kind:8s} {row[kind]['elapsed_s']:7.1f} s, peak RSS "
                           f"{row[kind]['peak_kb'] / 1024:7.0f} MiB", flush=True)
                     if kind == "fill":
                         row["index_objects"] = _index_objects(work)
                 results[label] = row
-            _print_table(results, units)
+            _print_table(results, units, args.response_bytes or 23)
         finally:
             if server is not None:
                 server.stop()
 
 
-def _print_table(results: dict[str, dict[str, Any]], units: int) -> None:
+def _print_table(results: dict[str, dict[str, Any]], units: int, response_bytes: int) -> None:
     def per_unit(phase: dict[str, Any]) -> float:
         return (phase["peak_kb"] - phase["start_kb"]) * 1024 / units
 
@@ -233,6 +242,7 @@ def _print_table(results: dict[str, dict[str, Any]], units: int) -> None:
         ("coordinator, restart:   B/unit", lambda r: f"{per_unit(r['restart']):.0f}"),
         ("merge:                  B/unit", lambda r: f"{per_unit(r['merge']):.0f}"),
         ("merge rows/s", lambda r: f"{units / r['merge']['elapsed_s']:,.0f}"),
+        ("merge MB/s of responses", lambda r: f"{units * response_bytes / r['merge']['elapsed_s'] / 1e6:,.1f}"),
         ("restart to first request, s", lambda r: f"{r['restart']['to_first_request_s']:.2f}"),
         ("index objects after the fill", lambda r: f"{r['index_objects']:,}"),
     ]
