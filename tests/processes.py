@@ -46,6 +46,23 @@ def gone_soon(pid: int, within_s: float = 3.0) -> bool:
     return not alive(pid)
 
 
+def left_after_kill(process: subprocess.Popen, tree: list[int], within_s: float = 5.0) -> list[int]:
+    """SIGKILL `process` (as a pod or a workstation run dies); the pids of `tree` still running `within_s` later."""
+    process.kill()
+    process.wait()
+    deadline = time.monotonic() + within_s
+    return [pid for pid in tree if not gone_soon(pid, max(0.0, deadline - time.monotonic()))]
+
+
+def kill_tree(process: subprocess.Popen, tree: list[int]) -> None:
+    """Clean up after a test: `process` and whatever of `tree` a failure left running."""
+    process.kill()
+    process.wait()
+    for pid in filter(alive, tree):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
 @contextlib.contextmanager
 def served_on_loopback(command: list[str], env: dict[str, str] | None, log: Path, port: int, what: str,
                        timeout_s: float, api_path: str = "/v1") -> Iterator[str]:

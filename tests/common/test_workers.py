@@ -3,7 +3,6 @@ dying with a killed parent (real worker processes running tests.common.pool_work
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import signal
@@ -18,7 +17,7 @@ import pytest
 
 from klear.common.workers import Reply, WorkerPool, scrubbed_env
 from klear.verifiers import MathVerifier, VerifierConfig
-from tests.processes import alive, descendants, gone_soon
+from tests.processes import alive, descendants, gone_soon, kill_tree, left_after_kill
 
 WORKER = "tests.common.pool_worker"
 BUDGET_S = 1.0
@@ -208,16 +207,9 @@ def _killed_while_busy(script: str, pid_files: list[Path]) -> list[int]:
             assert time.monotonic() < deadline, "its workers did not write their pid files within 60 s"
             time.sleep(0.05)
         tree = descendants(parent.pid)
-        parent.kill()
-        parent.wait()
-        deadline = time.monotonic() + 5
-        return [pid for pid in tree if not gone_soon(pid, max(0.0, deadline - time.monotonic()))]
+        return left_after_kill(parent, tree)
     finally:
-        parent.kill()
-        parent.wait()
-        for pid in filter(alive, tree):  # what a failure left running
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        kill_tree(parent, tree)
 
 
 def test_a_killed_parent_takes_its_busy_workers_and_their_children_along(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -74,3 +75,31 @@ def test_sample_against_the_chart_server(server: str, tmp_path: Path) -> None:
     assert {k: r["response"] for k, r in rows.items()} == {k: r["response"] for k, r in again.items()}
     report = json.loads((tmp_path / "a" / "report.json").read_text())
     assert report["complete"] and report["backend"]["backend"] == "openai"
+
+
+def test_a_request_at_the_shipped_defaults_ratio_is_served(server: str) -> None:
+    """The chart's server length against the paper preset's max_tokens, scaled to this server's 512: a request for
+    that share of the length (and a short prompt) is served, not refused. Equal lengths, as the chart once had,
+    leave no room for any prompt: vLLM's server allows max_model_len - max_tokens prompt tokens."""
+    import yaml
+
+    from klear.common.config import load_config
+    from klear.sample.config import SampleConfig
+
+    chart = yaml.safe_load((Path(__file__).parents[2] / "charts" / "klear-reasoner" / "values.yaml").read_text())
+    ratio = load_config(SampleConfig, "paper", []).max_tokens / chart["teacher"]["maxModelLen"]
+    assert ratio < 0.9, "the chart's teacher.maxModelLen leaves the prompt under a tenth of the context"
+
+    def ask(max_tokens: int) -> int:
+        body = {"model": SERVED, "messages": [{"role": "user", "content": "What is 2 + 2?"}], "max_tokens": max_tokens,
+                "seed": 1}
+        request = urllib.request.Request(f"{server}/chat/completions", data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=120) as response:
+                return response.status
+        except urllib.error.HTTPError as exc:
+            return exc.code
+
+    assert ask(int(512 * ratio)) == 200
+    assert ask(512) == 400  # the old ratio: no room for the prompt

@@ -3,10 +3,8 @@ SIGKILL, no worker outliving a SIGKILL, bad input that publishes nothing."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -33,7 +31,7 @@ from tests.judge.samples import (
     sample_row,
 )
 from tests.judge.scorers import LOG_ENV
-from tests.processes import alive, descendants, gone_soon
+from tests.processes import descendants, kill_tree, left_after_kill
 
 CONFIG = load_config(JudgeConfig, "tiny", ["verifier.timeout_s=3.0"])
 
@@ -132,17 +130,10 @@ def test_a_killed_stage_leaves_no_worker_behind(tmp_path: Path) -> None:
             time.sleep(0.1)
         tree = descendants(stage.pid)  # the two workers (and what they started), the scorer's child
         assert len(tree) >= 3, tree
-        os.kill(stage.pid, signal.SIGKILL)
-        stage.wait()
-        deadline = time.monotonic() + 5
-        left = [pid for pid in tree if not gone_soon(pid, max(0.0, deadline - time.monotonic()))]
+        left = left_after_kill(stage, tree)
         assert left == [], [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in left]
     finally:
-        stage.kill()
-        stage.wait()
-        for pid in filter(alive, tree):  # what a failure left running
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        kill_tree(stage, tree)
 
 
 def test_bad_input_is_named_and_nothing_is_published(tmp_path: Path) -> None:

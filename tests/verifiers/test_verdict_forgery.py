@@ -6,7 +6,6 @@ its own process, never turns a wrong program into a passing one. Real programs, 
 from __future__ import annotations
 
 import json
-import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -19,6 +18,7 @@ from klear.verifiers.code_verifier import CodeVerifier, TestCase, lcb_call_verdi
 from klear.verifiers.config import VerifierConfig
 from klear.verifiers.sandbox import RunResult, kernel_support
 from tests.commands import klear
+from tests.verifiers.numbers import decimal
 
 support = kernel_support()
 needs_sandbox = pytest.mark.skipif(support["landlock_abi"] < 6 or not support["seccomp"],
@@ -158,15 +158,6 @@ def test_values_cross_the_channel_unchanged(value: object) -> None:
     assert decode_value(encode_value([huge])) == [huge]
 
 
-def _decimal(n: int) -> str:
-    old = sys.get_int_max_str_digits()
-    sys.set_int_max_str_digits(0)
-    try:
-        return str(n)
-    finally:
-        sys.set_int_max_str_digits(old)
-
-
 def test_nan_and_custom_equality() -> None:
     assert str(decode_value(encode_value(float("nan")))) == "nan"
 
@@ -188,7 +179,7 @@ def test_lcb_call_verdict() -> None:
     assert lcb_call_verdict(encode_value([1, 2]), "[1, 2]") == "passed"
     assert lcb_call_verdict(encode_value(6), "6.0") == "passed"  # Python's ==, as in-process
     assert lcb_call_verdict(encode_value([(1, 1)]), "[[1, 1]]") == "wrong_answer"  # a nested tuple is no list
-    assert lcb_call_verdict(encode_value(7**9000), _decimal(7**9000)) == "passed"  # past int->str's digit limit
+    assert lcb_call_verdict(encode_value(7**9000), decimal(7**9000)) == "passed"  # past int->str's digit limit
     # what the program wrote itself, alone or around the harness's report, is never a pass
     for forged in (b"true", b"true" + encode_value(3), encode_value(3) + b"true", b'{"eq": true}', b"", b"\xff"):
         assert lcb_call_verdict(forged, "3") != "passed", forged
