@@ -32,6 +32,7 @@ from klear.curate.component import curate
 from klear.evaluate.component import evaluate, evaluation_prompts
 from klear.gppo.component import gppo
 from klear.judge.component import judge, judge_slice
+from klear.plan.component import plan_run
 from klear.rl_filter.component import rl_filter
 from klear.sample.component import sample, sample_slice
 from klear.sft.component import sft
@@ -246,6 +247,17 @@ def _evaluate(models: dict, benchmark_uris, preset, overrides, run_root, digest,
     return _runs_untrusted_code(_deterministic(task, cpu))
 
 
+def _after_all(first: dsl.PipelineTask) -> None:
+    """Every other task of the pipeline being defined runs after `first` (the plan): each task's own dependency,
+    so no importer, digest or slice list starts before the plan has passed."""
+    from kfp.dsl import pipeline_context
+
+    pipeline = pipeline_context.Pipeline.get_default_pipeline()
+    for task in list(pipeline.tasks.values()):
+        if task is not first:
+            task.after(first)
+
+
 # --------------------------------------------------------------------------- the recipe
 
 
@@ -312,6 +324,7 @@ def klear_pipeline(
     rl_gpus_per_node: str = GPUS,
     rl_cpu: str = RL_CPU,
     rl_memory: str = NODE_MEMORY,
+    plan_cluster: str = "h100-80gb-x8",
 ):
     """The whole recipe: curated prompts, teacher traces, SFT, filtered RL data, math then code RL, evaluation.
 
@@ -387,7 +400,26 @@ def klear_pipeline(
         rl_gpus_per_node: GPUs per RL node.
         rl_cpu: CPU per RL node.
         rl_memory: Memory per RL node.
+        plan_cluster: The node shape the first task (`klear plan`) checks this run's settings, contexts and
+            training layouts against (h100-80gb-x8, h200-141gb-x8); it fails the run before any stage starts.
     """
+    first = plan_run(cluster=plan_cluster, base_model_uri=base_model_uri, reference_model_uri=reference_model_uri,
+                     teacher_model_uri=teacher_model_uri, curate_preset=curate_preset,
+                     curate_overrides=curate_overrides, sample_preset=sample_preset,
+                     teacher_overrides=teacher_overrides, reference_overrides=reference_overrides,
+                     filter_math_overrides=filter_math_overrides, filter_code_overrides=filter_code_overrides,
+                     sft_data_preset=sft_data_preset, sft_data_overrides=sft_data_overrides, sft_preset=sft_preset,
+                     sft_overrides=sft_overrides, rl_filter_preset=rl_filter_preset,
+                     rl_filter_math_overrides=rl_filter_math_overrides,
+                     rl_filter_code_overrides=rl_filter_code_overrides, gppo_math_preset=gppo_math_preset,
+                     gppo_math_overrides=gppo_math_overrides, gppo_code_preset=gppo_code_preset,
+                     gppo_code_overrides=gppo_code_overrides, evaluate_preset=evaluate_preset,
+                     evaluate_overrides=evaluate_overrides, eval_sample_overrides=eval_sample_overrides,
+                     sft_nodes=sft_nodes, sft_gpus_per_node=sft_gpus_per_node, rl_nodes=rl_nodes,
+                     rl_gpus_per_node=rl_gpus_per_node)
+    # Never cached: a preset file may change in place; the plan takes seconds.
+    _on_cluster(first.set_display_name("plan: klear plan on this run's arguments").set_caching_options(False),
+                "1", "2Gi")
     scheduling = (gpu_node_selector, gpu_tolerations)
     sampling = (sample_gpus, sample_cpu, sample_memory, scheduling)
     sources = _import(sources_uri, dsl.Dataset, "prompt sources")
@@ -457,6 +489,7 @@ def klear_pipeline(
         _evaluate(math_samples, benchmark_uris, evaluate_preset, evaluate_overrides, run_root, benchmarks,
                   "evaluate: AIME / HMMT / LiveCodeBench", code=eval_samples("code"), folder="evaluate-code",
                   cpu=judge_cpu)
+    _after_all(first)
 
 
 # --------------------------------------------------------------------------- single-stage reruns

@@ -11,20 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.commands import klear
-
-ROOT = Path(__file__).resolve().parents[2]
-COMPILED = ROOT / "pipelines" / "compiled" / "klear-reasoner.yaml"
-CHART = ROOT / "charts" / "klear-reasoner" / "values.yaml"
-# Known failures of the shipped defaults (reported, not yet fixed): Qwen3-8B-Base has 32768 positions, less than
-# GPPO's 4096 + 32768 engine and evaluation's prompt + 32768 new tokens.
-KNOWN = {("gppo", "context: gppo_math_overrides vLLM engine"), ("gppo", "context: gppo_code_overrides vLLM engine"),
-         ("evaluate", "context: evaluate_overrides engine")}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def compiled() -> None:
-    if not COMPILED.is_file():
-        subprocess.run([sys.executable, "-m", "pipelines.compile"], cwd=ROOT, check=True, timeout=300)
+from tests.plan.conftest import CHART, COMPILED, ROOT
 
 
 def run_in_root(*args: str) -> subprocess.CompletedProcess[str]:
@@ -43,15 +30,14 @@ def test_the_recipe_defaults(cluster: str) -> None:
     report = json.loads(done.stdout)
     kinds = {c["check"].split(":")[0] for c in report["checks"]}
     assert {"settings", "context", "layout"} <= kinds
-    assert {(c["stage"], c["check"]) for c in failed(report)} == KNOWN, failed(report)
-    assert done.returncode == 1  # the known context failures; every settings, teacher and layout check passes
+    assert failed(report) == [] and done.returncode == 0, failed(report)  # the shipped defaults pass
     layouts = [c for c in report["checks"] if c["check"].startswith("layout")]
-    assert len(layouts) == 8 and all(c["ok"] for c in layouts)
+    assert len(layouts) == 12 and all(c["ok"] for c in layouts)  # GPPO math and code, SFT: at 1, 2, 4, 8 nodes
     teacher = next(c for c in report["checks"] if c["check"] == "context: teacher_overrides server")
     assert teacher["ok"] and "40960" in teacher["detail"]
     assert report["estimates"]["cluster"]["name"] == cluster
     text = run_in_root("klear-reasoner", "--cluster", cluster)
-    assert text.returncode == 1 and "STAGE" in text.stdout and "layout: gppo_math_overrides at 8 x 8 GPUs" in text.stdout
+    assert text.returncode == done.returncode and "STAGE" in text.stdout and "layout: gppo_math_overrides at 8 x 8 GPUs" in text.stdout
 
 
 def test_a_typo_in_an_override_is_named() -> None:
@@ -93,6 +79,28 @@ def test_a_layout_that_does_not_split_is_named() -> None:
     bad = [c for c in failed(report) if c["check"].startswith("layout")]
     assert code == 1 and [c["check"] for c in bad] == ["layout: gppo_code_overrides at 8 x 8 GPUs"]
     assert bad[0]["detail"].startswith("gppo_code_overrides: per_device_batch_size")
+
+
+def test_an_sft_batch_that_changes_with_the_node_count_is_named() -> None:
+    code, report = plan_in_root("--arg", 'sft_overrides=["global_batch_size=48"]')
+    bad = [c["check"] for c in failed(report)]
+    assert code == 1 and bad == ["layout: sft_overrides at 4 x 8 GPUs", "layout: sft_overrides at 8 x 8 GPUs"]
+    code, report = plan_in_root("--arg", 'sft_overrides=["global_batch_size=0", "gradient_accumulation_steps=4"]',
+                                "--nodes", "2")
+    (layout,) = [c for c in report["checks"] if c["check"].startswith("layout: sft")]
+    assert code == 0 and layout["ok"] and "64 rows per optimizer step here, another at another node count" in \
+        layout["detail"]
+
+
+def test_the_policy_declares_the_context_sft_gave_it() -> None:
+    """The SFT model keeps the base's 32,768 positions without max_position_embeddings: RL's engine of prompt +
+    32,768 tokens, and evaluation's, no longer fit."""
+    code, report = plan_in_root("--arg", 'sft_overrides=["max_position_embeddings=0"]')
+    bad = sorted(c["check"] for c in failed(report))
+    assert code == 1 and bad == ["context: evaluate_overrides engine", "context: gppo_code_overrides vLLM engine",
+                                 "context: gppo_math_overrides vLLM engine"]
+    assert all("qwen3-8b-base's max_position_embeddings 32768" in c["detail"] or "32768 <" in c["detail"]
+               for c in failed(report))
 
 
 @pytest.mark.parametrize(("args", "message"), [

@@ -12,9 +12,9 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, get_scheduler
 
 from klear.common import storage
-from klear.common.config import load_config
+from klear.common.config import ConfigError, load_config
 from klear.demo.generate import math_items
-from klear.sft.config import SftConfig
+from klear.sft.config import SftConfig, accumulation_steps
 from klear.sft.stage import build_dataset, load_tokenizer, make_trainer, training_arguments
 
 
@@ -84,6 +84,31 @@ def test_paper_preset_schedule(tmp_path: Path) -> None:
     assert lrs[50] == pytest.approx(6e-5, rel=0.02)  # cosine: half-way between peak and floor
     assert scheduler.get_last_lr()[0] == pytest.approx(4e-5)
     assert all(a >= b for a, b in zip(lrs, lrs[1:]))
+
+
+def test_the_paper_batch_is_the_same_at_every_node_count(tmp_path: Path) -> None:
+    config = load_config(SftConfig, "paper")
+    for processes, steps in ((8, 8), (16, 4), (64, 1)):  # 1, 2 and 8 nodes of 8 GPUs
+        assert config.per_device_batch_size * processes * accumulation_steps(config, processes) == 64
+        assert accumulation_steps(config, processes) == steps
+    with pytest.raises(ValueError, match="global_batch_size 64 does not split over 48 processes"):
+        accumulation_steps(config, 48)
+    # The trainer takes it from the launched processes (WORLD_SIZE; one here).
+    assert training_arguments(config, tmp_path).gradient_accumulation_steps == 64
+    with pytest.raises(ConfigError, match="both set"):
+        load_config(SftConfig, "paper", ["gradient_accumulation_steps=2"])
+
+
+def test_the_trained_model_declares_the_context_the_config_gives_it(tiny_model: str, tmp_path: Path) -> None:
+    """max_position_embeddings goes to the model through model_init_kwargs, and from there into the config.json it
+    is saved with: what a vLLM engine derives its length from."""
+    config = load_config(SftConfig, "tiny", ["max_position_embeddings=6144"])
+    kwargs = training_arguments(config, tmp_path).model_init_kwargs
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, **kwargs)
+    model.save_pretrained(tmp_path / "saved")
+    assert json.loads((tmp_path / "saved" / "config.json").read_text())["max_position_embeddings"] == 6144
+    plain = training_arguments(load_config(SftConfig, "tiny"), tmp_path).model_init_kwargs
+    assert "max_position_embeddings" not in plain  # 0: the base model's own
 
 
 def test_loss_decreases_and_the_model_learns_to_stop(reference_run: dict[str, Any]) -> None:

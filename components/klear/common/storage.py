@@ -912,7 +912,10 @@ def publish_dir(local_dir: str | Path, dest: str | Uri, meta: dict[str, Any] | N
             upload_file(root / rel, loc.join(rel))
         if complete is not None:
             entries = complete(entries)
-        _remove_unlisted(loc, entries, Pending(stage, known.files | set(entries), known.prefixes))
+        # The pending records written meanwhile count too (the other nodes' of a multi-node checkpoint).
+        later = _known_files(loc, list_files(loc), stage)
+        _remove_unlisted(loc, entries, Pending(stage, known.files | later.files | set(entries),
+                                               known.prefixes + later.prefixes))
         lease.verify()  # a writer that lost its lease must not publish over its successor
         manifest = Manifest(files=entries, meta=_with_lineage(loc, meta), created=_now(), run_id=lease.run_id)
         write_bytes(loc.join(MANIFEST_NAME), manifest.to_json())

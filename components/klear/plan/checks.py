@@ -13,6 +13,8 @@ from typing import Any
 from klear.common.config import ConfigError, StageConfig, load_config
 from klear.gppo.config import GppoConfig, accumulation_steps
 from klear.plan.shapes import Model
+from klear.sft.config import SftConfig
+from klear.sft.config import accumulation_steps as sft_accumulation_steps
 
 # The longest prompt a sampling use or RL sends, in tokens. curate keeps prompts of any length, so the plan assumes
 # the RL prompt budget of the paper's released script (max_prompt_length=$((1024 * 4)), the gppo presets'
@@ -107,6 +109,97 @@ def gppo_layout(stage: str, param: str, config: GppoConfig, nodes: Sequence[int]
         checks.append(Check(stage, use, True, f"{world} processes x per_device_batch_size "
                             f"{config.per_device_batch_size} x {steps} accumulation steps = "
                             f"{config.prompts_per_update * config.num_generations} rollouts per update"))
+    return checks
+
+
+def unchecked_model(stage: str, check: str, role: str, reason: str) -> Check:
+    """A model-shape check that cannot apply (the run's model is none of the shipped shapes): passed, and said."""
+    return Check(stage, check, True, f"not checked: {role} {reason}")
+
+
+# --------------------------------------------------------------------------- the Workflow
+
+# etcd's default --max-request-bytes (1.5 MiB): the Kubernetes API refuses a larger object, the Argo Workflow a
+# KFP run becomes included (kubeflow/pipelines#13738, #9837).
+ETCD_REQUEST_LIMIT = 1_572_864
+# Per task, the Argo DAG entries the v2 compiler writes besides the task spec: a driver and an executor step with
+# their names, dependencies and argument references (an assumption, ~1 KiB; not measured on a backend).
+ARGO_BYTES_PER_TASK = 1024
+# kubeflow/pipelines#13738 (backend 2.15, Argo 3.7): the running Workflow held each task's resolved container
+# block (component spec, container, platform config) 4 times.
+RUNNING_COPIES = 4
+
+
+def _json_bytes(value: Any) -> int:
+    import json
+
+    return len(json.dumps(value, separators=(",", ":")))
+
+
+def workflow_size(spec: Mapping[str, Any], platform: Mapping[str, Any] | None = None) -> dict[str, int]:
+    """An estimate, not a measurement, of the Argo Workflow a compiled KFP v2 pipeline becomes, in bytes of JSON.
+
+    submitted: what the API server stores at run creation. Since kubeflow/pipelines#10979 the v2 Argo compiler
+    keeps each distinct component spec, container spec and Kubernetes executor config once (hashed workflow
+    arguments), while each task's own spec is embedded in its driver step (the duplication that still grows with
+    the task count, kubeflow/pipelines#13422):
+        sum over distinct components, executors and platform configs of their JSON
+        + sum over tasks (sub-DAGs included) of (task spec JSON + ARGO_BYTES_PER_TASK).
+    running: the object as the last task runs, when, as kubeflow/pipelines#13738 measured, every task's resolved
+    block (task, component, container and platform config JSON) is held RUNNING_COPIES times.
+    """
+    platform = platform or {}
+    components = spec.get("components", {})
+    executors = spec.get("deploymentSpec", {}).get("executors", {})
+    configs = platform.get("platforms", {}).get("kubernetes", {}).get("deploymentSpec", {}).get("executors", {})
+    tasks = dict(spec.get("root", {}).get("dag", {}).get("tasks", {}))
+    for component in components.values():
+        tasks |= component.get("dag", {}).get("tasks", {})
+    shared = sum(_json_bytes(part) for group in (components, executors, configs) for part in group.values())
+    submitted = shared + sum(_json_bytes(task) + ARGO_BYTES_PER_TASK for task in tasks.values())
+    resolved = 0
+    for task in tasks.values():
+        component = components.get(task.get("componentRef", {}).get("name", ""), {})
+        label = component.get("executorLabel", "")
+        resolved += sum(_json_bytes(part) for part in (task, component, executors.get(label, {}),
+                                                       configs.get(label, {})))
+    return {"tasks": len(tasks), "submitted_bytes": submitted,
+            "running_bytes": shared + RUNNING_COPIES * resolved + ARGO_BYTES_PER_TASK * len(tasks),
+            "limit_bytes": ETCD_REQUEST_LIMIT}
+
+
+def workflow_check(size: Mapping[str, int]) -> Check:
+    """The run is created only if its Workflow fits etcd's request limit (the submitted estimate); the running
+    estimate is stated beside it, a risk for status updates and retries (kubeflow/pipelines#13738)."""
+    submitted, running, limit = size["submitted_bytes"], size["running_bytes"], size["limit_bytes"]
+    detail = (f"estimated Argo Workflow {submitted / 2**20:.2f} MiB at submission ({size['tasks']} tasks), "
+              f"{submitted / limit:.0%} of etcd's {limit / 2**20:.1f} MiB request limit; "
+              f"~{running / 2**20:.2f} MiB while running if every task's spec is held {RUNNING_COPIES} times "
+              f"(kubeflow/pipelines#13738)" + (": over the limit" if running > limit else ""))
+    return Check("pipeline", "workflow: Argo object size", submitted <= limit, detail)
+
+
+def sft_layout(stage: str, param: str, config: SftConfig, nodes: Sequence[int], gpus_per_node: int) -> list[Check]:
+    """SFT's batch at each node count: klear.sft.config.accumulation_steps, the rule the trainer applies (Hugging
+    Face Trainer: an optimizer step is per_device_train_batch_size x processes x gradient_accumulation_steps rows).
+    Without a global batch, the batch grows with the node count, and the results with it."""
+    checks = []
+    for count in nodes:
+        world = count * gpus_per_node
+        use = f"layout: {param} at {count} x {gpus_per_node} GPUs"
+        if not config.global_batch_size:  # a choice (the CPU presets make it), said: another node count, another batch
+            checks.append(Check(stage, use, True, f"{param}: global_batch_size 0: per_device_batch_size x "
+                                f"gradient_accumulation_steps x processes = "
+                                f"{config.per_device_batch_size * config.gradient_accumulation_steps * world} rows "
+                                "per optimizer step here, another at another node count"))
+            continue
+        try:
+            steps = sft_accumulation_steps(config, world)
+        except ValueError as exc:
+            checks.append(Check(stage, use, False, f"{param}: {exc}"))
+            continue
+        checks.append(Check(stage, use, True, f"{world} processes x per_device_batch_size {config.per_device_batch_size}"
+                            f" x {steps} accumulation steps = global_batch_size {config.global_batch_size} rows"))
     return checks
 
 

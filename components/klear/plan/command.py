@@ -10,6 +10,7 @@ folder. Its parameters' defaults come from the compiled spec; `--arg NAME=VALUE`
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import json
 from collections.abc import Mapping
@@ -20,7 +21,7 @@ import yaml
 
 from klear.cli import STAGES
 from klear.common.config import StageConfig
-from klear.plan import checks, shapes
+from klear.plan import checks, memory, shapes
 from klear.plan.checks import PROMPT_BUDGET_TOKENS, Check
 
 COMPILED = Path("pipelines") / "compiled"
@@ -73,14 +74,19 @@ def pipeline_file(name: str) -> Path:
     return found
 
 
-def pipeline_parameters(path: Path) -> tuple[str, dict[str, Any]]:
-    """The pipeline's name and its parameters' defaults (root.inputDefinitions.parameters.<name>.defaultValue;
-    None where a parameter has none)."""
+def compiled_documents(path: Path) -> list[Any]:
+    """The compiled file's YAML documents: the pipeline spec, then the platform spec where there is one."""
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml: the ~500 KB recipe spec in a fraction of a second
     try:
-        spec: Any = next(iter(yaml.load_all(path.read_text(), Loader=loader)), None)
+        return list(yaml.load_all(path.read_text(), Loader=loader)) or [None]
     except (OSError, yaml.YAMLError) as exc:
         raise ValueError(f"{path}: not a compiled pipeline: {exc}") from None
+
+
+def pipeline_parameters(path: Path, documents: list[Any] | None = None) -> tuple[str, dict[str, Any]]:
+    """The pipeline's name and its parameters' defaults (root.inputDefinitions.parameters.<name>.defaultValue;
+    None where a parameter has none)."""
+    spec: Any = (documents or compiled_documents(path))[0]
     try:
         parameters = spec["root"]["inputDefinitions"]["parameters"]
         name = spec["pipelineInfo"]["name"]
@@ -132,12 +138,84 @@ def teacher_length(values_file: Path | None) -> tuple[int | None, str]:
     return length, f"{values_file}: teacher.maxModelLen"
 
 
+# --------------------------------------------------------------------------- the run's own models and layout
+
+# The pipeline parameter naming each role's model, by the context checks that read that model's shape.
+MODEL_PARAMETERS = {"teacher": ("teacher_model_uri",), "reference": ("reference_model_uri",),
+                    "policy": ("base_model_uri", "model_uri")}
+# Fields of config.json that tell the shipped model shapes apart (and a tiny test model from them).
+SHAPE_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "vocab_size",
+                "intermediate_size", "max_position_embeddings")
+
+
+def _role_of(check: Check) -> str:
+    """The model role a context or memory check reads the shape of ("" for other checks)."""
+    kind, _, use = check.check.partition(": ")
+    if kind not in ("context", "memory"):
+        return ""
+    return "teacher" if use.startswith("teacher_") else "reference" if use.startswith("reference_") else "policy"
+
+
+def shape_of(config: Mapping[str, Any]) -> str | None:
+    """The shipped model shape a config.json is (its SHAPE_FIELDS all equal), or None."""
+    for name in shapes.shipped("model"):
+        shape = shapes.model(name)
+        if all(config.get(field) == getattr(shape, field) for field in SHAPE_FIELDS):
+            return name
+    return None
+
+
+def unshipped_models(params: Mapping[str, Any]) -> dict[str, str]:
+    """Role -> why its model-shape checks do not apply, for each role whose model URI is given and whose
+    config.json is readable and none of the shipped shapes (a tiny local model: the checks are written for the
+    paper's models). A role without a URI, or whose config.json cannot be read here, is planned with the paper's
+    model."""
+    from klear.common import storage
+
+    reasons = {}
+    for role, names in MODEL_PARAMETERS.items():
+        uri = next((params[n] for n in names if isinstance(params.get(n), str) and params[n]), "")
+        if not uri:
+            continue
+        try:
+            config = json.loads(storage.read_bytes(storage.Uri.parse(uri).join("config.json")))
+        except (storage.StorageError, OSError, ValueError):  # unreachable here (no credentials, no network) or
+            # not JSON: plan the paper's model
+            continue
+        if isinstance(config, dict) and shape_of(config) is None:
+            reasons[role] = (f"model {uri}: its config.json is none of the shipped model shapes "
+                             f"({', '.join(shapes.shipped('model'))}); model-shape checks apply to those only")
+    return reasons
+
+
+def _unless_unshipped(check: Check, unshipped: Mapping[str, str]) -> Check:
+    role = _role_of(check)
+    return checks.unchecked_model(check.stage, check.check, role, unshipped[role]) if role in unshipped else check
+
+
+def own_layout(params: Mapping[str, Any], prefix: str) -> tuple[list[int], int] | None:
+    """The run's own training layout from <prefix>nodes and <prefix>gpus_per_node: ([nodes], processes per node;
+    "0" GPUs is one process on CPU, as klear.training.launch runs it); None without those parameters."""
+    nodes, gpus = params.get(f"{prefix}nodes"), params.get(f"{prefix}gpus_per_node")
+    if not isinstance(nodes, int) or gpus is None:
+        return None
+    try:
+        count = int(str(gpus).strip())
+    except ValueError:
+        return None
+    return [nodes], max(count, 1)
+
+
 # --------------------------------------------------------------------------- the plan
 
 
 def plan(pipeline: str, params: Mapping[str, Any], cluster: shapes.Cluster, values_file: Path | None,
-         nodes: list[int] | None) -> tuple[list[Check], dict[str, Any]]:
-    """Every check of the pipeline's arguments on `cluster`, and the estimates beside them."""
+         nodes: list[int] | None, workflow: Mapping[str, int] | None = None,
+         run_layout: bool = False) -> tuple[list[Check], dict[str, Any]]:
+    """Every check of the pipeline's arguments on `cluster`, and the estimates beside them. `workflow`: the compiled
+    spec's Workflow size estimate (checks.workflow_size), checked and recorded where given. `run_layout`: the
+    training layouts at the run's own nodes and GPUs per node (the pipeline's plan task) instead of the cluster's
+    GPUs at every node count."""
     found: list[Check] = []
     configs: dict[str, Any] = {}
     for stage, preset_param, overrides_param in settings_uses(pipeline, params):
@@ -147,6 +225,11 @@ def plan(pipeline: str, params: Mapping[str, Any], cluster: shapes.Cluster, valu
         configs[overrides_param] = config
 
     teacher, reference, policy = shapes.model(TEACHER), shapes.model(REFERENCE), shapes.model(POLICY)
+    unshipped = unshipped_models(params)
+    sft = configs.get("sft_overrides")
+    if sft is not None and sft.max_position_embeddings:  # the trained policy declares what SFT set
+        policy = dataclasses.replace(policy, name=f"{policy.name} after sft",
+                                     max_position_embeddings=sft.max_position_embeddings)
     if configs.get("teacher_overrides") is not None:
         sampling = configs["teacher_overrides"]
         if params.get("teacher_model_uri"):  # vLLM in the slice pods, not the chart's server
@@ -187,12 +270,21 @@ def plan(pipeline: str, params: Mapping[str, Any], cluster: shapes.Cluster, valu
                                                    else set()))
     for param in ("gppo_math_overrides", "gppo_code_overrides", "overrides"):
         if isinstance(configs.get(param), checks.GppoConfig):
-            layout = checks.gppo_layout("gppo", param, configs[param], counts, cluster.gpus_per_node)
+            own = own_layout(params, "rl_" if "rl_nodes" in params else "") if run_layout else None
+            layout = checks.gppo_layout("gppo", param, configs[param], *(own or (counts, cluster.gpus_per_node)))
             if not nodes and params.get("rl_nodes") in counts:  # name the pipeline's own node count
                 layout = [Check(c.stage, c.check.replace(f" at {params['rl_nodes']} x", f" at rl_nodes={params['rl_nodes']} x"),
                                 c.ok, c.detail) for c in layout]
             found.extend(layout)
+    for param in ("sft_overrides", "overrides"):
+        if isinstance(configs.get(param), checks.SftConfig):
+            sft_counts = nodes or sorted(set(DEFAULT_NODES) | ({params["sft_nodes"]} if isinstance(
+                params.get("sft_nodes"), int) else set()))
+            own = own_layout(params, "sft_" if "sft_nodes" in params else "") if run_layout else None
+            found.extend(checks.sft_layout("sft", param, configs[param], *(own or (sft_counts, cluster.gpus_per_node))))
 
+    if workflow is not None:
+        found.append(checks.workflow_check(workflow))
     estimates = {
         "cluster": {"name": cluster.name, "gpus_per_node": cluster.gpus_per_node,
                     "gpu_memory_gib": cluster.gpu_memory_gib},
@@ -200,8 +292,31 @@ def plan(pipeline: str, params: Mapping[str, Any], cluster: shapes.Cluster, valu
         "prompt_budget_tokens": PROMPT_BUDGET_TOKENS,
         "parameters_billions": {m.name: round(checks.parameter_count(m) / 1e9, 2)
                                 for m in (teacher, reference, policy)},
+        **({"workflow": dict(workflow)} if workflow is not None else {}),
     }
-    return found, estimates
+    # GPU memory per process (klear/plan/memory.py): SFT, the GPPO actor and its vLLM, the sampling engines
+    memory_found, estimates["memory_per_gpu"] = memory.memory_checks(
+        configs, params, cluster, counts, policy, reference, checks.parameter_count(policy),
+        checks.parameter_count(reference))
+    found.extend(memory_found)
+    return [_unless_unshipped(check, unshipped) for check in found], estimates
+
+
+class PlanFailed(RuntimeError):
+    """A run's plan has failed checks: raised by the pipeline's plan task, failing the run before any stage."""
+
+
+def run_plan(pipeline: str, params: Mapping[str, Any], cluster: str) -> str:
+    """The plan of a run from its arguments (no compiled file, no chart values), its training layouts at the run's
+    own nodes and GPUs: the table, or PlanFailed naming every failed check's stage, check and detail."""
+    found, estimates = plan(pipeline, params, shapes.cluster(cluster), None, None, run_layout=True)
+    table = render_text(found, estimates)
+    print(table, end="", flush=True)
+    failed = [c for c in found if not c.ok]
+    if failed:
+        raise PlanFailed(f"{pipeline}: {len(failed)} plan check(s) failed, before any stage ran:\n" + "\n".join(
+            f"  {c.stage}: {c.check}: {c.detail}" for c in failed))
+    return table
 
 
 def render_text(found: list[Check], estimates: Mapping[str, Any]) -> str:
@@ -245,12 +360,16 @@ def _nodes(text: str) -> list[int] | None:
 
 
 def _main(args: argparse.Namespace) -> int:
-    name, defaults = pipeline_parameters(pipeline_file(args.pipeline))
+    path = pipeline_file(args.pipeline)
+    documents = compiled_documents(path)
+    name, defaults = pipeline_parameters(path, documents)
     params = apply_arguments(defaults, args.arg)
     values = args.values if args.values is not None else (CHART_VALUES if CHART_VALUES.is_file() else None)
     if values is not None and not values.is_file():
         raise ValueError(f"--values {values}: no such file")
-    found, estimates = plan(name, params, shapes.cluster(args.cluster), values, _nodes(args.nodes))
+    workflow = checks.workflow_size(documents[0], documents[1] if len(documents) > 1 else None)
+    found, estimates = plan(name, params, shapes.cluster(args.cluster), values, _nodes(args.nodes),
+                            workflow=workflow)
     if args.format == "json":
         print(json.dumps({"pipeline": name, "checks": [c.to_json() for c in found], "estimates": estimates}, indent=2))
     else:

@@ -30,7 +30,14 @@ class SftConfig(StageConfig, TrackingSettings):
     warmup_ratio: float = pydantic.Field(0.0, ge=0, lt=1)
     num_epochs: float = pydantic.Field(4, gt=0)
     per_device_batch_size: int = pydantic.Field(1, ge=1, description="packed rows per device per micro-step")
-    gradient_accumulation_steps: int = pydantic.Field(1, ge=1)
+    gradient_accumulation_steps: int = pydantic.Field(
+        1, ge=1, description="micro-steps per optimizer step when global_batch_size is 0")
+    global_batch_size: int = pydantic.Field(
+        0, ge=0, description="packed rows per optimizer step whatever the number of processes (gradient "
+        "accumulation = global / (per_device_batch_size x processes)); 0: per_device x accumulation x processes")
+    max_position_embeddings: int = pydantic.Field(
+        0, ge=0, description="the trained model's declared context (config.json), what vLLM engines derive their "
+        "length from; 0 keeps the base model's")
     weight_decay: float = pydantic.Field(0.0, ge=0)
     max_grad_norm: float = pydantic.Field(1.0, gt=0)
     seed: int = 42
@@ -57,3 +64,25 @@ class SftConfig(StageConfig, TrackingSettings):
         if self.min_learning_rate > self.learning_rate:
             raise ValueError(f"min_learning_rate {self.min_learning_rate} exceeds learning_rate {self.learning_rate}")
         return self
+
+    @pydantic.model_validator(mode="after")
+    def _one_batch_rule(self) -> SftConfig:
+        if self.global_batch_size and self.gradient_accumulation_steps != 1:
+            raise ValueError(f"global_batch_size {self.global_batch_size} and gradient_accumulation_steps "
+                             f"{self.gradient_accumulation_steps} both set: the accumulation follows from the global "
+                             "batch; set one")
+        return self
+
+
+def accumulation_steps(config: SftConfig, processes: int) -> int:
+    """Micro-steps per optimizer step on `processes` processes: global_batch_size / (per_device_batch_size x
+    processes), so the optimizer sees the same batch at every node count (Hugging Face Trainer: a step is
+    per_device_train_batch_size x processes x gradient_accumulation_steps rows); gradient_accumulation_steps when
+    no global batch is set. ValueError when the global batch does not split evenly."""
+    if not config.global_batch_size:
+        return config.gradient_accumulation_steps
+    per_micro_step = config.per_device_batch_size * processes
+    if config.global_batch_size % per_micro_step:
+        raise ValueError(f"global_batch_size {config.global_batch_size} does not split over {processes} processes x "
+                         f"per_device_batch_size {config.per_device_batch_size}")
+    return config.global_batch_size // per_micro_step

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from klear.common.chat import END_OF_TURN
-from klear.sft.config import SftConfig
+from klear.sft.config import SftConfig, accumulation_steps
 from klear.sft.data import encode_example, iter_conversations
 from klear.sft.report import metric_items, render_markdown
 from klear.training import hf_model
@@ -117,7 +117,7 @@ def training_arguments(config: SftConfig, work: Path) -> Any:
         output_dir=str(work / "trainer"),
         num_train_epochs=config.num_epochs,
         per_device_train_batch_size=config.per_device_batch_size,
-        gradient_accumulation_steps=config.gradient_accumulation_steps,
+        gradient_accumulation_steps=accumulation_steps(config, hf_model.launched_processes()),
         learning_rate=config.learning_rate,
         lr_scheduler_type="cosine_with_min_lr",
         # As a rate: `min_lr` reads optimizer.defaults, which DeepSpeed's ZeRO optimizer lacks.
@@ -131,9 +131,13 @@ def training_arguments(config: SftConfig, work: Path) -> Any:
         bf16=config.bf16,
         gradient_checkpointing=config.gradient_checkpointing,
         gradient_checkpointing_kwargs={"use_reentrant": False} if config.gradient_checkpointing else None,
+        # Keys of the model's config set here are saved with it: max_position_embeddings declares the context the
+        # trained model's engines may use (RoPE itself does not change).
         model_init_kwargs={"dtype": "bfloat16" if config.bf16 else "float32",
                            "attn_implementation": hf_model.attention(config.attn_implementation),
-                           "use_cache": False},
+                           "use_cache": False,
+                           **({"max_position_embeddings": config.max_position_embeddings}
+                              if config.max_position_embeddings else {})},
         use_liger_kernel=liger,
         deepspeed=hf_model.deepspeed_config(config.deepspeed),
         max_length=config.max_length,

@@ -304,7 +304,8 @@ class CheckpointUploader(TrainerCallback):
         try:
             files = storage.file_entries(snapshot)
             # Named before they go up: after a crash the next run of the stage knows them as its own.
-            storage.note_pending(uri, f"{token}-ranks-{first}", self.stage, files=files)
+            storage.note_pending(uri, f"{token}-ranks-{first}", self.stage,
+                                 files=[*files, f"{PART_PREFIX}{first}.json"])
             storage.delete(uri.join(storage.MANIFEST_NAME))  # an earlier publish of this step is not complete now
             for name in files:
                 storage.upload_file(snapshot / name, uri.join(name))
