@@ -351,3 +351,26 @@ def test_two_curate_processes_started_together_never_both_succeed_mixed(
     assert ids in ({f"a-{i}" for i in range(2000)}, {f"b-{i}" for i in range(2000)})
     if len(succeeded) == 1:
         assert ids == {f"{succeeded[0]}-{i}" for i in range(2000)}
+
+
+@pytest.mark.parametrize("where", WHERE)
+def test_a_withdrawal_cut_short_leaves_files_the_stage_knows(where: str, s3_bucket: str, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """An old checkpoint's deletion killed after its manifest went: the next run of the stage still takes the output
+    (its pending record names the files), and the next withdrawal finishes it; a stranger's file stays."""
+    dest = _dest(where, s3_bucket, tmp_path)
+    checkpoint = storage.Uri.parse(dest).join("checkpoints", "step-000000001")
+    storage.publish_dir(_staging(tmp_path / "ckpt", "ckpt", 2), checkpoint, meta={"stage": "sft"})
+
+    def killed(loc: storage.Uri, names: list[str]) -> None:
+        raise KeyboardInterrupt("the pod is gone")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(storage, "_delete_names", killed)
+        with pytest.raises(KeyboardInterrupt):
+            storage.withdraw(checkpoint)
+    assert not storage.exists(checkpoint.join(storage.MANIFEST_NAME))
+    storage.check_output(dest, stage="sft")  # the checkpoint's files are still the stage's own
+    storage.write_bytes(checkpoint.join("notes.txt"), b"a stranger's")
+    storage.withdraw(checkpoint)
+    assert storage.list_files(checkpoint) == ["notes.txt"]  # every file of the checkpoint went, the stranger's stays

@@ -29,8 +29,11 @@ def test_sigkill_after_a_checkpoint_then_resume(tiny_model: str, demo_files: lis
     killed_at = kill_after_first_checkpoint(first, output, tmp_path / "first.log")
     total = reference_run["report"]["training"]["global_step"]
     assert killed_at < total and not storage.exists(f"{output}/{storage.MANIFEST_NAME}"), "the first run had finished"
-    # A later checkpoint whose upload was cut off (no manifest) must be ignored.
-    storage.write_bytes(f"{output}/checkpoints/step-{total - 1:09d}/model.safetensors", b"partial upload")
+    # A later checkpoint whose upload was cut off (no manifest; its pending record, as publish_dir writes it first,
+    # names the file) must be ignored.
+    cut_off = f"{output}/checkpoints/step-{total - 1:09d}"
+    storage.note_pending(cut_off, "cut-off", "sft", files=["model.safetensors"])
+    storage.write_bytes(f"{cut_off}/model.safetensors", b"partial upload")
 
     second = _sft(tiny_model, demo_files, output, tmp_path / "pod-2", tmp_path / "second.log")  # a fresh pod
     assert second.wait(timeout=300) == 0, (tmp_path / "second.log").read_text()[-3000:]

@@ -78,6 +78,7 @@ __all__ = [
     "read_bytes",
     "read_manifest",
     "upload_file",
+    "withdraw",
     "write_bytes",
 ]
 
@@ -822,7 +823,7 @@ def _remove_unlisted(loc: Uri, listed: Iterable[str], known: Pending) -> None:
 def _delete_names(loc: Uri, names: Sequence[str]) -> None:
     if not names:
         return
-    log.info("%s: removing %d files the new manifest does not list", loc, len(names))
+    log.info("%s: removing %d files of this stage no manifest lists now", loc, len(names))
     if loc.is_s3:
         client = _client()
         for start in range(0, len(names), 1000):  # DeleteObjects takes at most 1000 keys
@@ -923,6 +924,26 @@ def publish_dir(local_dir: str | Path, dest: str | Uri, meta: dict[str, Any] | N
         # have served.
         _delete_names(loc, [name for name in list_files(loc) if "/" not in name and _is_pending(name)])
     return manifest
+
+
+def withdraw(uri: str | Uri) -> None:
+    """Delete a published output (an old checkpoint): a pending record naming its files first, then its manifest, then
+    the files its manifest or pending records name, the records last. A deletion cut short leaves an output that
+    readers refuse and whose files its stage still knows as its own; files nothing names stay."""
+    loc = Uri.parse(uri)
+    names = list_files(loc)
+    try:
+        stage = read_manifest(loc).meta.get("stage") if MANIFEST_NAME in names else None
+    except StorageError:
+        stage = None
+    if stage is None:  # no manifest (a deletion cut short before): the pending records say whose it is
+        stage = next((record.stage for _, record in _read_pending(loc, names)), None)
+    known = _known_files(loc, names, stage)
+    run_id = f"withdraw-{uuid.uuid4().hex}"
+    note_pending(loc, run_id, stage, files=known.files, prefixes=known.prefixes)
+    delete(loc.join(MANIFEST_NAME))
+    _delete_names(loc, [name for name in _own_files(loc, names) if known.covers(name) and not _reserved(name)])
+    _delete_names(loc, [name for name in list_files(loc) if "/" not in name and _is_pending(name)])
 
 
 def _with_lineage(loc: Uri, meta: dict[str, Any] | None) -> dict[str, Any]:

@@ -180,11 +180,10 @@ def resume_point(output: str, trainer_dir: Path, work: Path, enabled: bool, deep
 
 
 def delete_checkpoint(output: str, step: int) -> None:
-    """Manifest first, so a deletion cut short leaves an incomplete checkpoint, never a wrong complete one."""
+    """Manifest first (after a record naming its files), so a deletion cut short leaves an incomplete checkpoint the
+    stage knows as its own, never a wrong complete one (storage.withdraw)."""
     uri = checkpoint_uri(output, step)
-    storage.delete(uri.join(storage.MANIFEST_NAME))
-    for name in storage.list_files(uri):
-        storage.delete(uri.join(name))
+    storage.withdraw(uri)
     if not uri.is_s3:  # a local folder tree outlives its files (S3 has no folders)
         remove_empty_folders(Path(uri.path))
 
