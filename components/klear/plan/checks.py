@@ -6,7 +6,7 @@ run's arguments without reading code.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -97,19 +97,22 @@ def gppo_layout(stage: str, param: str, config: GppoConfig, nodes: Sequence[int]
     """GPPO's batch arithmetic at each node count: klear.gppo.config.accumulation_steps, the rule the trainer
     applies (TRL's GRPOConfig: an update is per_device_train_batch_size x processes x gradient_accumulation_steps
     rollouts; a generation round's prompts split over the processes)."""
-    checks = []
-    for count in nodes:
-        world = count * gpus_per_node
-        use = f"layout: {param} at {count} x {gpus_per_node} GPUs"
+    def verdict(world: int) -> tuple[bool, str]:
         try:
             steps = accumulation_steps(config, world)
         except ValueError as exc:
-            checks.append(Check(stage, use, False, f"{param}: per_device_batch_size: {exc}"))
-            continue
-        checks.append(Check(stage, use, True, f"{world} processes x per_device_batch_size "
-                            f"{config.per_device_batch_size} x {steps} accumulation steps = "
-                            f"{config.prompts_per_update * config.num_generations} rollouts per update"))
-    return checks
+            return False, f"{param}: per_device_batch_size: {exc}"
+        return True, (f"{world} processes x per_device_batch_size {config.per_device_batch_size} x {steps} "
+                      f"accumulation steps = {config.prompts_per_update * config.num_generations} rollouts per update")
+
+    return at_each_node_count(stage, param, nodes, gpus_per_node, verdict)
+
+
+def at_each_node_count(stage: str, param: str, nodes: Sequence[int], gpus_per_node: int,
+                       verdict: Callable[[int], tuple[bool, str]]) -> list[Check]:
+    """One layout check per node count: `verdict(processes)` gives (ok, detail)."""
+    return [Check(stage, f"layout: {param} at {count} x {gpus_per_node} GPUs", *verdict(count * gpus_per_node))
+            for count in nodes]
 
 
 def unchecked_model(stage: str, check: str, role: str, reason: str) -> Check:
@@ -183,24 +186,19 @@ def sft_layout(stage: str, param: str, config: SftConfig, nodes: Sequence[int], 
     """SFT's batch at each node count: klear.sft.config.accumulation_steps, the rule the trainer applies (Hugging
     Face Trainer: an optimizer step is per_device_train_batch_size x processes x gradient_accumulation_steps rows).
     Without a global batch, the batch grows with the node count, and the results with it."""
-    checks = []
-    for count in nodes:
-        world = count * gpus_per_node
-        use = f"layout: {param} at {count} x {gpus_per_node} GPUs"
+    def verdict(world: int) -> tuple[bool, str]:
         if not config.global_batch_size:  # a choice (the CPU presets make it), said: another node count, another batch
-            checks.append(Check(stage, use, True, f"{param}: global_batch_size 0: per_device_batch_size x "
-                                f"gradient_accumulation_steps x processes = "
-                                f"{config.per_device_batch_size * config.gradient_accumulation_steps * world} rows "
-                                "per optimizer step here, another at another node count"))
-            continue
+            return True, (f"{param}: global_batch_size 0: per_device_batch_size x gradient_accumulation_steps x "
+                          f"processes = {config.per_device_batch_size * config.gradient_accumulation_steps * world} "
+                          "rows per optimizer step here, another at another node count")
         try:
             steps = sft_accumulation_steps(config, world)
         except ValueError as exc:
-            checks.append(Check(stage, use, False, f"{param}: {exc}"))
-            continue
-        checks.append(Check(stage, use, True, f"{world} processes x per_device_batch_size {config.per_device_batch_size}"
-                            f" x {steps} accumulation steps = global_batch_size {config.global_batch_size} rows"))
-    return checks
+            return False, f"{param}: {exc}"
+        return True, (f"{world} processes x per_device_batch_size {config.per_device_batch_size} x {steps} "
+                      f"accumulation steps = global_batch_size {config.global_batch_size} rows")
+
+    return at_each_node_count(stage, param, nodes, gpus_per_node, verdict)
 
 
 # --------------------------------------------------------------------------- estimates
