@@ -68,6 +68,7 @@ __all__ = [
     "check_writes",
     "claim_output",
     "download_file",
+    "is_bookkeeping",
     "exists",
     "fetch_published",
     "list_files",
@@ -720,13 +721,18 @@ def _is_pending(base: str) -> bool:
     return base.startswith(PENDING_PREFIX) and base.endswith(".json")
 
 
+def is_bookkeeping(base: str) -> bool:
+    """A manifest, lease or pending record (by file name): an output's bookkeeping, never its content."""
+    return base in (MANIFEST_NAME, LEASE_NAME) or _is_pending(base)
+
+
 def _nested_roots(names: Iterable[str]) -> set[str]:
     """Sub-folders that are outputs of their own (a manifest, lease or pending record inside), e.g.
     `checkpoints/step-N`: a publish of the folder above never removes their files."""
     roots = set()
     for name in names:
         folder, _, base = name.rpartition("/")
-        if folder and (base in (MANIFEST_NAME, LEASE_NAME) or _is_pending(base)):
+        if folder and is_bookkeeping(base):
             roots.add(folder)
     return roots
 
@@ -742,7 +748,7 @@ def _own_files(loc: Uri, names: Sequence[str] | None = None) -> list[str]:
 
 def _reserved(name: str) -> bool:
     # README.md: a model's card, written beside its manifest and outside its content (klear.common.model_card)
-    return name in (MANIFEST_NAME, LEASE_NAME, "README.md") or name.startswith(PROBE_PREFIX) or _is_pending(name)
+    return is_bookkeeping(name) or name == "README.md" or name.startswith(PROBE_PREFIX)
 
 
 def _unlisted(loc: Uri, listed: Iterable[str]) -> list[str]:
@@ -789,9 +795,10 @@ def _read_pending(loc: Uri, names: Iterable[str]) -> list[tuple[str, Pending]]:
     return records
 
 
-def _known_files(loc: Uri, names: Sequence[str], stage: str | None) -> Pending:
+def _known_files(loc: Uri, names: Sequence[str], stage: str | None,
+                 records: list[tuple[str, Pending]] | None = None) -> Pending:
     """Everything at `loc` that `stage` may replace: what its manifest lists (if the stage published it) and what
-    its pending records name."""
+    its pending records name (`records`: those already read from `names`)."""
     files: set[str] = set()
     prefixes: list[str] = []
     if MANIFEST_NAME in names:
@@ -801,7 +808,7 @@ def _known_files(loc: Uri, names: Sequence[str], stage: str | None) -> Pending:
             manifest = None  # a corrupt manifest lists nothing
         if manifest is not None and manifest.meta.get("stage") == stage:
             files |= set(manifest.files)
-    for _, record in _read_pending(loc, names):
+    for _, record in _read_pending(loc, names) if records is None else records:
         if record.stage == stage:
             files |= record.files
             prefixes += record.prefixes
@@ -815,9 +822,14 @@ def _remove_unlisted(loc: Uri, listed: Iterable[str], known: Pending) -> None:
     stale = [name for name in unlisted if known.covers(name)]
     strangers = [name for name in unlisted if not known.covers(name)]
     if strangers:
-        log.warning("%s: leaving %d files that no manifest or pending record of this stage names (%s%s)", loc,
-                    len(strangers), ", ".join(strangers[:3]), " ..." if len(strangers) > 3 else "")
+        log.warning("%s: leaving %d files that no manifest or pending record of this stage names (%s)", loc,
+                    len(strangers), some_names(strangers))
     _delete_names(loc, stale)
+
+
+def _drop_pending(loc: Uri) -> None:
+    """Delete the pending records at `loc`'s root: its manifest (or its deletion) has served them."""
+    _delete_names(loc, [name for name in list_files(loc) if "/" not in name and _is_pending(name)])
 
 
 def _delete_names(loc: Uri, names: Sequence[str]) -> None:
@@ -881,8 +893,7 @@ class Manifest:
 def file_entries(root: Path) -> dict[str, dict[str, Any]]:
     """Relative path -> {"size", "sha256"} of every file under `root` (manifests, leases and pending records aside),
     sorted, as a manifest lists them."""
-    files = sorted(p for p in root.rglob("*")
-                   if p.is_file() and p.name not in (MANIFEST_NAME, LEASE_NAME) and not _is_pending(p.name))
+    files = sorted(p for p in root.rglob("*") if p.is_file() and not is_bookkeeping(p.name))
     return {p.relative_to(root).as_posix(): {"size": p.stat().st_size, "sha256": sha256_file(p)} for p in files}
 
 
@@ -913,8 +924,8 @@ def publish_dir(local_dir: str | Path, dest: str | Uri, meta: dict[str, Any] | N
             upload_file(root / rel, loc.join(rel))
         if complete is not None:
             entries = complete(entries)
-        # The pending records written meanwhile count too (the other nodes' of a multi-node checkpoint).
-        later = _known_files(loc, list_files(loc), stage)
+        # The pending records the other writers (a multi-node checkpoint's nodes) left meanwhile count too.
+        later = _known_files(loc, list_files(loc), stage) if complete is not None else Pending(stage)
         _remove_unlisted(loc, entries, Pending(stage, known.files | later.files | set(entries),
                                                known.prefixes + later.prefixes))
         lease.verify()  # a writer that lost its lease must not publish over its successor
@@ -922,7 +933,7 @@ def publish_dir(local_dir: str | Path, dest: str | Uri, meta: dict[str, Any] | N
         write_bytes(loc.join(MANIFEST_NAME), manifest.to_json())
         # The manifest names what is there now: the pending records (this writer's, other nodes', a crashed run's)
         # have served.
-        _delete_names(loc, [name for name in list_files(loc) if "/" not in name and _is_pending(name)])
+        _drop_pending(loc)
     return manifest
 
 
@@ -936,14 +947,15 @@ def withdraw(uri: str | Uri) -> None:
         stage = read_manifest(loc).meta.get("stage") if MANIFEST_NAME in names else None
     except StorageError:
         stage = None
+    records = _read_pending(loc, names)
     if stage is None:  # no manifest (a deletion cut short before): the pending records say whose it is
-        stage = next((record.stage for _, record in _read_pending(loc, names)), None)
-    known = _known_files(loc, names, stage)
+        stage = next((record.stage for _, record in records), None)
+    known = _known_files(loc, names, stage, records)
     run_id = f"withdraw-{uuid.uuid4().hex}"
     note_pending(loc, run_id, stage, files=known.files, prefixes=known.prefixes)
     delete(loc.join(MANIFEST_NAME))
     _delete_names(loc, [name for name in _own_files(loc, names) if known.covers(name) and not _reserved(name)])
-    _delete_names(loc, [name for name in list_files(loc) if "/" not in name and _is_pending(name)])
+    _drop_pending(loc)
 
 
 def _with_lineage(loc: Uri, meta: dict[str, Any] | None) -> dict[str, Any]:
@@ -1205,7 +1217,8 @@ def _refuse_foreign(out: Uri, stage: str | None, role: str) -> None:
         _refuse_other_stage(out, stage, role)
         return
     names = list_files(out)
-    for name, record in _read_pending(out, names):
+    records = _read_pending(out, names)
+    for name, record in records:
         if record.stage != stage:
             raise InvalidOutputError(
                 f"{role} {out} holds an unfinished {_stage_name(record.stage)} output ({name}) and this is "
@@ -1216,7 +1229,7 @@ def _refuse_foreign(out: Uri, stage: str | None, role: str) -> None:
             raise InvalidOutputError(
                 f"{role} {out} holds a published {_stage_name(owner)} output ({name}) and this is "
                 f"{_stage_name(stage)}: publishing would replace it; choose another location")
-    known = _known_files(out, names, stage)
+    known = _known_files(out, names, stage, records)
     foreign = [name for name in _own_files(out, names) if not _reserved(name) and not known.covers(name)]
     if foreign:
         raise InvalidOutputError(

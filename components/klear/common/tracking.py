@@ -34,6 +34,8 @@ from typing import Any
 
 import pydantic
 
+from klear.common.config import clip
+
 log = logging.getLogger("klear.tracking")
 
 TRACKERS = ("tensorboard", "mlflow", "wandb")
@@ -50,6 +52,7 @@ TRACKING_SECRET_KEYS = SECRET_KEYS + SECRET_ADDRESS_KEYS
 # The Secret's values no message may show (a user name is no secret, and would garble every word it matches).
 REDACTED_KEYS = ("MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN", "WANDB_API_KEY")
 REDACTED = "***"
+ERROR_LIMIT = 600  # characters of a tracker's error in a message (MLflow's carry the response body)
 # URL query parameters that carry credentials (token=, api_key=, password=, X-Amz-Signature=, ...).
 _SECRET_WORDS = "token|key|secret|passw|pwd|signature|credential|auth"
 SECRET_PARAMETER = re.compile(_SECRET_WORDS, re.IGNORECASE)
@@ -294,7 +297,7 @@ def check_mlflow(settings: TrackingSettings) -> None:
                 log.info("mlflow: created experiment %r", name)
     except Exception as exc:  # noqa: BLE001 - any failure of the check; MLflow's name the URL, user:password@ included
         raise TrackingError(f"report_to=mlflow: {where} cannot be used (reachable, authorised, experiment "
-                            f"{name or 'Default'!r}): {clip(redact(str(exc)))}") from None
+                            f"{name or 'Default'!r}): {_error_text(exc)}") from None
     if experiment is not None and experiment.lifecycle_stage == "deleted":
         raise TrackingError(f"report_to=mlflow: experiment {experiment.name!r} is deleted at {where}: restore it, or "
                             "name another (experiment, MLFLOW_EXPERIMENT_NAME)")
@@ -319,16 +322,25 @@ def check_wandb() -> None:
         raise
     except Exception as exc:  # noqa: BLE001 - W&B raises many kinds; the message is redacted
         raise TrackingError(f"report_to=wandb: the W&B server could not be reached or refused the key: "
-                            f"{clip(redact(str(exc)))}") from None
+                            f"{_error_text(exc)}") from None
     finally:
         # A fresh W&B session for the run: W&B reads the environment once per session, and the run sets its
         # project and resumed id at train begin.
         wandb.teardown()
 
 
-def clip(text: str, limit: int = 600) -> str:
-    """A long error (MLflow's carry the response body) cut for one log line."""
-    return text if len(text) <= limit else text[:limit] + " ..."
+def _error_text(exc: BaseException) -> str:
+    """A tracker's error for one message: redacted, and cut (MLflow's carry the response body)."""
+    return clip(redact(str(exc)), ERROR_LIMIT)
+
+
+def _restore(saved: Mapping[str, str | None]) -> None:
+    """The environment variables as `saved` holds them (None: unset)."""
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
 
 
 @contextlib.contextmanager
@@ -338,11 +350,7 @@ def _environment(values: Mapping[str, str]) -> Iterator[None]:
     try:
         yield
     finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+        _restore(saved)
 
 
 def redact_output() -> None:
@@ -378,7 +386,7 @@ def _redacting(tracker: str) -> Callable[[Callable[..., Any]], Callable[..., Any
             except TrackingError:
                 raise
             except Exception as exc:  # noqa: BLE001 - any failure: it is re-raised, redacted
-                raise TrackingError(f"{tracker}: {clip(redact(str(exc)))}") from None
+                raise TrackingError(f"{tracker}: {_error_text(exc)}") from None
         return redacted
     return wrap
 
@@ -577,11 +585,7 @@ def _run_tracker(base: type) -> type:
                 self.write_curves()
 
         def restore_environment(self) -> None:
-            for key, value in self._saved_env.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
+            _restore(self._saved_env)
             self._saved_env = {}
 
         # -- curves and progress

@@ -115,7 +115,7 @@ def cached_digest(entry: Any, key: list[int]) -> str | None:
 
 def model_files(folder: Path) -> list[Path]:
     return sorted(p for p in folder.rglob("*")
-                  if p.is_file() and p.name not in (storage.MANIFEST_NAME, storage.LEASE_NAME))
+                  if p.is_file() and not storage.is_bookkeeping(p.name))
 
 
 def folder_digests(folder: Path, cache_file: Path | None) -> dict[str, str]:
