@@ -94,6 +94,8 @@ bench: install
 	$(BIN)/python benchmarks/bench_fingerprint.py
 	$(BIN)/python benchmarks/gpu/bench_vllm_sample.py
 	$(BIN)/python benchmarks/bench_judge.py
+	$(BIN)/python benchmarks/bench_plan.py
+	$(BIN)/python benchmarks/bench_plan_memory.py
 	$(BIN)/python benchmarks/bench_evaluate.py
 
 # The GPU paths on one GPU: vLLM sampling through `klear sample`, bf16 SFT steps, GPPO steps with colocated vLLM

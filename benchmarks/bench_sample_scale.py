@@ -1,7 +1,7 @@
 """Paper-scale sampling bookkeeping: memory per unit, merge speed and restart time, beside the earlier path.
 
     python benchmarks/bench_sample_scale.py [--prompts 150000] [--n 16] [--small] [--local] [--legacy-ref REF]
-                                            [--response-bytes 30000]
+                                            [--response-bytes 30000] [--rows-per-part 100000]
 
 A synthetic run of `prompts` x `n` units (2.4M by default) through the real `klear sample` coordinator, work
 area and merge (klear.sample.stage.run with --slice 0/1, then --merge), with an in-process backend that answers
@@ -13,6 +13,10 @@ phase's alone:
 2. restart  the slice again: time from the start of the run to the first request (load the prompts, read the
             work area's indexes, find the 40% missing), then it samples the rest
 3. merge    `--merge`: checks every unit, writes the output in prompt order; rows/s over the whole merge
+
+Each phase stages on a scratch folder of its own (its TMPDIR, as KLEAR_SCRATCH is on a pod), whose size a thread
+polls every 50 ms: the merge's peak local disk (its Parquet parts and spilled buckets) is printed beside the
+output's size and its largest part. `--rows-per-part R`: the output's part size (default: the paper preset's).
 
 The same phases run with the code of `--legacy-ref` (git; default the commit before the ordered, Arrow-based
 merge: per-unit dicts and sets, one index object per 256-unit shard) on a work area of its own. Memory per
@@ -28,8 +32,14 @@ vs 321 / 267; peak 85 / 110 B/unit vs 327 / 444; merge 115 B/unit vs 703, 44,225
 the first request 6.92 s vs 29.61 s (25 index objects vs 5,625). At 24M units: coordinator peak 2.5 GiB, merge
 2.6 GiB, merge 9.0 min (earlier 9.9 GiB, 15.7 GiB, 17.6 min). At 600K units (`--prompts 37500 --legacy-ref ''`)
 the fixed part weighs more: 93 / 119 / 138 B/unit. Those responses are ~30 bytes: with a teacher's 30 KB rows
-(`--prompts 6250 --response-bytes 30000 --legacy-ref ''`, 2026-12-06, AMD EPYC, 2 cores) the merge runs at 1,933
-rows/s (58 MB/s of text), peak RSS 1.5 GiB: 24M rows take ~3.4 h, not 9 min.
+(`--prompts 6250 --n 16 --response-bytes 30000 --legacy-ref ''`: 100,000 rows; 2026-12-06, 2 cores shared with
+other work, load ~4) the merge runs at 941 rows/s (28 MB/s of text), peak RSS 1.5 GiB, peak local disk 2,940 MiB
+for an output of 2,940 MiB: at the paper's rows_per_part (100,000) the output is one part. With `--rows-per-part
+10000` (10 parts of 294 MiB; LZ4 barely shrinks these words): 946 rows/s, peak RSS 1.5 GiB, peak local disk
+404 MiB (1.4 parts), the output 2,940 MiB. Before parts were streamed to the output (the merge staged them all,
+then published), the same 10 parts held 2,940 MiB; alternating merges of one work area with both (load ~2-3):
+1,362 / 1,445 rows/s streamed vs 1,365 / 1,329 staged, the same peak RSS. 24M such rows: ~5-7 h at these rates
+(1,933 rows/s on a quieter day: ~3.4 h), on a part or two of local disk plus the spill (write_in_order).
 """
 
 from __future__ import annotations
@@ -41,6 +51,7 @@ import resource
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import types
 from pathlib import Path
@@ -149,7 +160,8 @@ def phase(args: argparse.Namespace) -> dict[str, Any]:
 
     stage.make_backend = lambda *a, **k: Instant()
     config = load_config(SampleConfig, "paper", [f"n={args.n}", "shard_size=256", "flush_seconds=3600",
-                                                 "progress_seconds=3600", "keep_work=true"])
+                                                 "progress_seconds=3600", "keep_work=true",
+                                                 *([f"rows_per_part={args.rows_per_part}"] if args.rows_per_part else [])])
     started = time.monotonic()
     flags: dict[str, Any] = {"merge": True} if args.phase == "merge" else {"slice_spec": "0/1"}
     try:
@@ -167,15 +179,64 @@ def phase(args: argparse.Namespace) -> dict[str, Any]:
 # --------------------------------------------------------------------------- the run
 
 
+def folder_bytes(folder: Path) -> int:
+    """Bytes of the files under `folder` now (files that go while it is walked count as gone)."""
+    total = 0
+    for parent, _, names in os.walk(folder):
+        for name in names:
+            try:
+                total += os.lstat(os.path.join(parent, name)).st_size
+            except FileNotFoundError:
+                pass
+    return total
+
+
+class DiskPeak:
+    """The largest size `folder` reached while the block ran, polled every `every_s` seconds from a thread."""
+
+    def __init__(self, folder: Path, every_s: float = 0.05) -> None:
+        self.folder, self.every_s, self.peak = folder, every_s, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    def _poll(self) -> None:
+        while True:
+            self.peak = max(self.peak, folder_bytes(self.folder))
+            if self._stop.wait(self.every_s):
+                return
+
+    def __enter__(self) -> DiskPeak:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
 def _child(kind: str, legacy: str | None, prompts: str, output: str, work: str, n: int, stop_after: int | None,
-           env: dict[str, str], response_bytes: int = 0) -> dict[str, Any]:
+           env: dict[str, str], response_bytes: int = 0, rows_per_part: int | None = None,
+           scratch: Path | None = None) -> dict[str, Any]:
     command = [sys.executable, __file__, "--phase", kind, "--prompts-uri", prompts, "--output", output, "--work", work,
                "--n", str(n), "--response-bytes", str(response_bytes)] + (["--legacy", legacy] if legacy else []) + \
-              (["--stop-after", str(stop_after)] if stop_after is not None else [])
-    done = subprocess.run(command, env=env, capture_output=True, text=True)
+              (["--stop-after", str(stop_after)] if stop_after is not None else []) + \
+              (["--rows-per-part", str(rows_per_part)] if rows_per_part else [])
+    scratch = scratch or Path(tempfile.mkdtemp(prefix=f"bench-{kind}-"))
+    scratch.mkdir(parents=True, exist_ok=True)
+    with DiskPeak(scratch) as disk:  # the phase's staging: its TMPDIR, as use_scratch makes KLEAR_SCRATCH on a pod
+        done = subprocess.run(command, env={**env, "TMPDIR": str(scratch)}, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"{kind} ({legacy or 'today'}) failed:\n{done.stderr[-4000:]}")
-    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+    return {**json.loads(done.stdout.strip().splitlines()[-1]), "peak_disk": disk.peak}
+
+
+def _output_sizes(output: str) -> tuple[int, int, int]:
+    """The published output's bytes, its largest samples/ part's, and its number of parts (from its manifest)."""
+    from klear.common import storage
+
+    files = storage.read_manifest(output).files
+    parts = [entry["size"] for rel, entry in files.items() if rel.startswith("samples/")]
+    return sum(entry["size"] for entry in files.values()), max(parts, default=0), len(parts)
 
 
 def _index_objects(root: str) -> int:
@@ -193,6 +254,7 @@ def main() -> None:
     parser.add_argument("--local", action="store_true", help="the work area in a local folder, not SeaweedFS")
     parser.add_argument("--legacy-ref", default=LEGACY_REF, help="git ref of the earlier path ('' to skip it)")
     parser.add_argument("--response-bytes", type=int, default=0, help="bytes of reasoning per response (0: one line)")
+    parser.add_argument("--rows-per-part", type=int, help="rows per published Parquet part (default: the preset's)")
     # A phase in its own process (internal).
     parser.add_argument("--phase", choices=["fill", "restart", "merge"])
     parser.add_argument("--prompts-uri")
@@ -237,11 +299,14 @@ def main() -> None:
                 output, work = f"{root}/{label}/samples", f"{root}/{label}/samples.work"
                 row: dict[str, Any] = {}
                 for kind, stop in (("fill", int(units * args.done)), ("restart", None), ("merge", None)):
-                    row[kind] = _child(kind, legacy, str(prompts), output, work, args.n, stop, env, args.response_bytes)
+                    row[kind] = _child(kind, legacy, str(prompts), output, work, args.n, stop, env, args.response_bytes,
+                                       args.rows_per_part, Path(tmp, f"scratch-{label}-{kind}"))
                     print(f"  {label:8s} {kind:8s} {row[kind]['elapsed_s']:7.1f} s, peak RSS "
-                          f"{row[kind]['peak_kb'] / 1024:7.0f} MiB", flush=True)
+                          f"{row[kind]['peak_kb'] / 1024:7.0f} MiB, peak local disk "
+                          f"{row[kind]['peak_disk'] / 2**20:7.0f} MiB", flush=True)
                     if kind == "fill":
                         row["index_objects"] = _index_objects(work)
+                row["output_bytes"], row["part_bytes"], row["parts"] = _output_sizes(output)
                 results[label] = row
             _print_table(results, units, args.response_bytes or 23)
         finally:
@@ -265,6 +330,11 @@ def _print_table(results: dict[str, dict[str, Any]], units: int, response_bytes:
         ("merge:                  B/unit", lambda r: f"{per_unit(r['merge']):.0f}"),
         ("merge rows/s", lambda r: f"{units / r['merge']['elapsed_s']:,.0f}"),
         ("merge MB/s of responses", lambda r: f"{units * response_bytes / r['merge']['elapsed_s'] / 1e6:,.1f}"),
+        ("merge peak RSS, MiB", lambda r: f"{r['merge']['peak_kb'] / 1024:,.0f}"),
+        ("merge peak local disk, MiB", lambda r: f"{r['merge']['peak_disk'] / 2**20:,.0f}"),
+        ("output, MiB (parts)", lambda r: f"{r['output_bytes'] / 2**20:,.0f} ({r['parts']})"),
+        ("largest part, MiB", lambda r: f"{r['part_bytes'] / 2**20:,.0f}"),
+        ("peak disk / largest part", lambda r: f"{r['merge']['peak_disk'] / max(r['part_bytes'], 1):.2f}"),
         ("restart to first request, s", lambda r: f"{r['restart']['to_first_request_s']:.2f}"),
         ("index objects after the fill", lambda r: f"{r['index_objects']:,}"),
     ]

@@ -25,14 +25,15 @@ from kfp import dsl
 
 from klear.common.component import digest_inputs, slice_list
 from klear.common.images import GPU_IMAGE
-from klear.common.kfp_io import API_ENV, IMAGE_ENV, POD_NAME_ENV, POD_UID_ENV, RUN_ID_ENV, RUNTIME_ENV
+from klear.common.kfp_io import API_ENV, IMAGE_ENV, POD_NAME_ENV, POD_UID_ENV, RUN_ID_ENV, RUNTIME_ENV, SCRATCH_ENV
 from klear.common.lineage import TASK_ENV as TASK_POD_ENV
 from klear.common.tracking import TRACKING_SECRET, TRACKING_SECRET_KEYS
 from klear.curate.component import curate
 from klear.evaluate.component import evaluate, evaluation_prompts
 from klear.gppo.component import gppo
 from klear.judge.component import judge, judge_slice
-from klear.plan.component import plan_run
+from klear.plan.component import plan_run, plan_stage
+from klear.plan.pods import ENDPOINT_SLICE_SCRATCH, MERGE_SCRATCH, MODEL_SLICE_SCRATCH, SCRATCH_PATH
 from klear.rl_filter.component import rl_filter
 from klear.sample.component import sample, sample_slice
 from klear.sft.component import sft
@@ -47,7 +48,12 @@ ENDPOINT_SECRET = "klear-endpoint"
 UNTRUSTED_CODE_LABEL = "klear.io/runs-untrusted-code"  # the chart's NetworkPolicy denies these pods the network
 GPU_RESOURCE = "nvidia.com/gpu"
 # Defaults of one 8-GPU node (H100/H200 class): what the recipe needs, well below what such a node has.
-GPUS, SFT_CPU, RL_CPU, SAMPLE_CPU, NODE_MEMORY = "8", "64", "96", "32", "512Gi"  # RL scores rollouts on CPU workers
+GPUS, SFT_CPU, RL_CPU, NODE_MEMORY = "8", "64", "96", "512Gi"  # RL scores rollouts on CPU workers
+# Sampling pods by what they run (klear plan checks them): an endpoint use (the teacher behind the chart's server,
+# the filter model behind an API) needs no GPU, only CPU for its requests and memory for its shards; a model use
+# with an 8B model (reference, evaluation) one GPU, its engine at tensor-parallel 1 (klear plan's memory check).
+ENDPOINT_POD = ("0", "8", "32Gi")
+MODEL_8B_POD = ("1", "16", "128Gi")
 JUDGE_CPU, JUDGE_MEMORY = "16", "64Gi"  # a judging pod: one verifier worker per core
 RUN_ID_LABEL = "metadata.labels['pipeline/runid']"  # set by the KFP backend on every pod of a run
 # Kubeflow Trainer settings of multi-node training, fixed when compiling: KLEAR_TRAINER_API=v2 makes TrainJobs
@@ -107,6 +113,16 @@ def _launches_training(task: dsl.PipelineTask, nodes, gpus, cpu, memory, schedul
     return _on_gpu_node(task, size.outputs["gpus"], size.outputs["cpu"], size.outputs["memory"], scheduling)
 
 
+def _with_scratch(task: dsl.PipelineTask, size: str) -> dsl.PipelineTask:
+    """A scratch volume of `size` at SCRATCH_PATH, where the task stages its temporary files (kfp_io.use_scratch:
+    storage's staging, a downloaded model). Under kfp.local no volume is made and the task stages under /tmp."""
+    from kfp import kubernetes
+
+    kubernetes.add_ephemeral_volume(task, volume_name="scratch", mount_path=SCRATCH_PATH,
+                                    access_modes=["ReadWriteOnce"], size=size)
+    return task.set_env_variable(SCRATCH_ENV, SCRATCH_PATH)
+
+
 def _runs_untrusted_code(task: dsl.PipelineTask) -> dsl.PipelineTask:
     """Pods that execute model-written programs (in the sandbox): the chart's NetworkPolicy selects this label."""
     from kfp import kubernetes
@@ -146,11 +162,14 @@ def _curate(sources, source_files, benchmark_uris, preset, overrides, run_root, 
 
 
 def _sample(what: str, prompts, preset, overrides, run_root, gpus, cpu, memory, scheduling, model=None,
-            model_uri="", endpoint="", served_model="", key_secret=ENDPOINT_SECRET, slices=1) -> dsl.PipelineTask:
+            model_uri="", endpoint="", served_model="", key_secret=ENDPOINT_SECRET, slices=1,
+            after: dsl.PipelineTask | None = None,
+            slice_scratch: str = MODEL_SLICE_SCRATCH) -> dsl.PipelineTask:
     """One use of the sampling engine: a model (artifact or URI; vLLM on the pod's GPUs) or an endpoint, fanned
     out over `slices` pods (a run-time parameter): a ParallelFor of slice tasks, each retried on its own and all
     writing into the use's one work area (<run_root>/<run id>/sample-<what>.work, from the run id each pod
-    has), then one merge task that publishes, once every unit is in a shard or failed. Returns the merge."""
+    has), then one merge task that publishes, once every unit is in a shard or failed. `after`: a task whose end
+    the slices wait for (the critical path first). Returns the merge."""
     from kfp import kubernetes
 
     arguments = dict(prompts=prompts, endpoint=endpoint, served_model=served_model, api_key_env="", name=what,
@@ -158,6 +177,8 @@ def _sample(what: str, prompts, preset, overrides, run_root, gpus, cpu, memory, 
                      **({"model": model} if model is not None else {}))
     parts = slice_list(count=slices).set_display_name(f"slices of sample: {what}").set_caching_options(False)
     parts.set_cpu_request("100m").set_memory_request("128Mi")
+    if after is not None:
+        parts.after(after)
     # KFP 2.17 takes the loop's parallelism at compile time only: the number of slices bounds the pods at once.
     with dsl.ParallelFor(parts.output) as part:
         # The resources as inputs too: KFP 2.17 carries into a loop only the parameters its tasks take as inputs.
@@ -165,14 +186,14 @@ def _sample(what: str, prompts, preset, overrides, run_root, gpus, cpu, memory, 
         piece.set_display_name(f"sample slice: {what}")
         kubernetes.use_secret_as_env(piece, secret_name=key_secret, secret_key_to_env={"api-key": "OPENAI_API_KEY"},
                                      optional=True)
-        _on_gpu_node(piece, gpus, cpu, memory, scheduling)
+        _with_scratch(_on_gpu_node(piece, gpus, cpu, memory, scheduling), slice_scratch)
     task = sample(**arguments, merge=True, slices=dsl.Collected(piece.output))
     task.set_display_name(f"sample: {what} (merge of the slices)")
     # The same flags as the slices, the key included (the merge calls no server: it checks the settings).
     kubernetes.use_secret_as_env(task, secret_name=key_secret, secret_key_to_env={"api-key": "OPENAI_API_KEY"},
                                  optional=True)
     task.set_retry(num_retries=3, backoff_duration="60s", backoff_factor=2).set_caching_options(False)
-    return _on_cluster(task, "4", "32Gi")
+    return _with_scratch(_on_cluster(task, "4", "32Gi"), MERGE_SCRATCH)
 
 
 def _judge(what: str, samples, config_of: str, preset, overrides, run_root, cpu, slices, problems=None,
@@ -195,7 +216,7 @@ def _judge(what: str, samples, config_of: str, preset, overrides, run_root, cpu,
     merged = judge(**arguments, merge=True, slices=dsl.Collected(piece.output))
     merged.set_display_name(f"judge: {what} (merge of the slices)")
     merged.set_retry(num_retries=3, backoff_duration="60s", backoff_factor=2).set_caching_options(False)
-    return _on_cluster(merged, "4", "32Gi")
+    return _with_scratch(_on_cluster(merged, "4", "32Gi"), MERGE_SCRATCH)
 
 
 def _sft(base_model, data, preset, run_root, gpus, nodes, cpu, memory, scheduling, overrides=[]) -> dsl.PipelineTask:
@@ -258,6 +279,16 @@ def _after_all(first: dsl.PipelineTask) -> None:
             task.after(first)
 
 
+def _plan_first(pipeline: str, cluster, gpu_quota, preset, overrides, **sizes) -> None:
+    """A single-stage pipeline's first task: `klear plan` on the stage's own arguments (plan_stage), before any
+    other task of the pipeline being defined (called last in its body: every task made so far waits for it)."""
+    task = plan_stage(pipeline=pipeline, cluster=cluster, gpu_quota=gpu_quota, preset=preset, overrides=overrides,
+                      **sizes)
+    _on_cluster(task.set_display_name("plan: klear plan on this run's arguments").set_caching_options(False),
+                "1", "2Gi")
+    _after_all(task)
+
+
 # --------------------------------------------------------------------------- the recipe
 
 
@@ -303,9 +334,18 @@ def klear_pipeline(
     evaluate_code: bool = False,
     gpu_node_selector: dict = {},
     gpu_tolerations: list = [],
-    sample_gpus: str = GPUS,
-    sample_cpu: str = SAMPLE_CPU,
-    sample_memory: str = NODE_MEMORY,
+    teacher_gpus: str = ENDPOINT_POD[0],
+    teacher_cpu: str = ENDPOINT_POD[1],
+    teacher_memory: str = ENDPOINT_POD[2],
+    reference_gpus: str = MODEL_8B_POD[0],
+    reference_cpu: str = MODEL_8B_POD[1],
+    reference_memory: str = MODEL_8B_POD[2],
+    filter_gpus: str = ENDPOINT_POD[0],
+    filter_cpu: str = ENDPOINT_POD[1],
+    filter_memory: str = ENDPOINT_POD[2],
+    eval_gpus: str = MODEL_8B_POD[0],
+    eval_cpu: str = MODEL_8B_POD[1],
+    eval_memory: str = MODEL_8B_POD[2],
     teacher_slices: int = 1,
     reference_slices: int = 1,
     filter_math_slices: int = 1,
@@ -325,6 +365,7 @@ def klear_pipeline(
     rl_cpu: str = RL_CPU,
     rl_memory: str = NODE_MEMORY,
     plan_cluster: str = "h100-80gb-x8",
+    plan_gpu_quota: int = 0,
 ):
     """The whole recipe: curated prompts, teacher traces, SFT, filtered RL data, math then code RL, evaluation.
 
@@ -375,9 +416,19 @@ def klear_pipeline(
             {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}; multi-node training jobs inherit them.
         gpu_tolerations: Tolerations of the GPU pods, e.g. [{"key": "nvidia.com/gpu", "operator": "Exists",
             "effect": "NoSchedule"}]; multi-node training jobs inherit them.
-        sample_gpus: GPUs of each sampling pod ("0" for an endpoint or imported traces).
-        sample_cpu: CPU of each sampling pod.
-        sample_memory: Memory of each sampling pod.
+        teacher_gpus: GPUs of each teacher sampling pod: "0" for an endpoint (the chart's server) or imported traces;
+            a teacher_model_uri needs the GPUs its engine's tensor parallelism takes.
+        teacher_cpu: CPU of each teacher sampling pod.
+        teacher_memory: Memory of each teacher sampling pod.
+        reference_gpus: GPUs of each reference sampling pod (an 8B model: 1, its vLLM engine at tensor-parallel 1).
+        reference_cpu: CPU of each reference sampling pod.
+        reference_memory: Memory of each reference sampling pod.
+        filter_gpus: GPUs of each filter-model sampling pod ("0" for an endpoint).
+        filter_cpu: CPU of each filter-model sampling pod.
+        filter_memory: Memory of each filter-model sampling pod.
+        eval_gpus: GPUs of each evaluation sampling pod (the model under evaluation, 8B: 1).
+        eval_cpu: CPU of each evaluation sampling pod.
+        eval_memory: Memory of each evaluation sampling pod.
         teacher_slices: Pods the teacher sampling is spread over (slices of the prompts by a hash of their id, each
             its own retried task, then one merge); within one work area (a retried task) another number reuses every
             unit already sampled, while a new run writes under a new run id and samples anew.
@@ -402,6 +453,8 @@ def klear_pipeline(
         rl_memory: Memory per RL node.
         plan_cluster: The node shape the first task (`klear plan`) checks this run's settings, contexts and
             training layouts against (h100-80gb-x8, h200-141gb-x8); it fails the run before any stage starts.
+        plan_gpu_quota: The GPUs this run may hold at once (a namespace quota); 0: the cluster shape's nodes x GPUs.
+            The plan fails a phase of the run that wants more at once.
     """
     first = plan_run(cluster=plan_cluster, base_model_uri=base_model_uri, reference_model_uri=reference_model_uri,
                      teacher_model_uri=teacher_model_uri, curate_preset=curate_preset,
@@ -416,12 +469,15 @@ def klear_pipeline(
                      gppo_code_overrides=gppo_code_overrides, evaluate_preset=evaluate_preset,
                      evaluate_overrides=evaluate_overrides, eval_sample_overrides=eval_sample_overrides,
                      sft_nodes=sft_nodes, sft_gpus_per_node=sft_gpus_per_node, rl_nodes=rl_nodes,
-                     rl_gpus_per_node=rl_gpus_per_node)
+                     rl_gpus_per_node=rl_gpus_per_node, filter_model_uri=filter_model_uri,
+                     teacher_gpus=teacher_gpus, reference_gpus=reference_gpus, filter_gpus=filter_gpus,
+                     eval_gpus=eval_gpus, teacher_slices=teacher_slices, reference_slices=reference_slices,
+                     filter_math_slices=filter_math_slices, filter_code_slices=filter_code_slices,
+                     eval_slices=eval_slices, evaluate_code=evaluate_code, gpu_quota=plan_gpu_quota)
     # Never cached: a preset file may change in place; the plan takes seconds.
     _on_cluster(first.set_display_name("plan: klear plan on this run's arguments").set_caching_options(False),
                 "1", "2Gi")
     scheduling = (gpu_node_selector, gpu_tolerations)
-    sampling = (sample_gpus, sample_cpu, sample_memory, scheduling)
     sources = _import(sources_uri, dsl.Dataset, "prompt sources")
     base = _import(base_model_uri, dsl.Model, "base model")
     curate_digest = _digest("curate inputs", sources_uri, uris=benchmark_uris, preset=curate_preset)
@@ -429,11 +485,15 @@ def klear_pipeline(
                       curate_digest).outputs["curated"]
 
     # SFT data: teacher traces, labelled by the reference model's pass rate (paper §5.1).
-    teacher = _sample("teacher", curated, sample_preset, teacher_overrides, run_root, *sampling,
-                      model_uri=teacher_model_uri, endpoint=teacher_endpoint, served_model=teacher_served_model,
-                      key_secret=teacher_key_secret, slices=teacher_slices)
-    reference = _sample("reference", curated, sample_preset, reference_overrides, run_root, *sampling,
-                        model_uri=reference_model_uri, slices=reference_slices)
+    # The teacher is the critical path (SFT waits for it): it and the reference model start first; the filter model
+    # and the base model's evaluation wait for the teacher's merge rather than take GPUs ahead of it.
+    teacher = _sample("teacher", curated, sample_preset, teacher_overrides, run_root, teacher_gpus, teacher_cpu,
+                      teacher_memory, scheduling, model_uri=teacher_model_uri, endpoint=teacher_endpoint,
+                      served_model=teacher_served_model, key_secret=teacher_key_secret, slices=teacher_slices,
+                      slice_scratch=ENDPOINT_SLICE_SCRATCH)
+    reference = _sample("reference", curated, sample_preset, reference_overrides, run_root, reference_gpus,
+                        reference_cpu, reference_memory, scheduling, model_uri=reference_model_uri,
+                        slices=reference_slices)
     reference_judged = _judge("reference", reference.outputs["samples"], "sft-data", sft_data_preset,
                               sft_data_overrides, run_root, judge_cpu, reference_judge_slices)
     records = sft_data(teacher_samples=teacher.outputs["samples"], reference_samples=reference_judged.outputs["judged"],
@@ -453,8 +513,9 @@ def klear_pipeline(
              filter_code_judge_slices)):
         problems = _import(uri, dsl.Dataset, f"{rl_task} RL problems")
         filtered = _sample(f"filter-{rl_task}", problems.output, sample_preset, sampling_overrides, run_root,
-                           *sampling, model_uri=filter_model_uri, endpoint=filter_endpoint,
-                           served_model=filter_served_model, key_secret=filter_key_secret, slices=filter_slices)
+                           filter_gpus, filter_cpu, filter_memory, scheduling, model_uri=filter_model_uri,
+                           endpoint=filter_endpoint, served_model=filter_served_model, key_secret=filter_key_secret,
+                           slices=filter_slices, after=teacher, slice_scratch=ENDPOINT_SLICE_SCRATCH)
         # Judged against the problems as rl-filter reads them (its judge settings, every problem as this task).
         judged = _judge(f"filter-{rl_task}", filtered.outputs["samples"], "rl-filter", rl_filter_preset,
                         filtering_overrides, run_root, judge_cpu, judge_slices, problems=problems.output, task=rl_task)
@@ -476,8 +537,9 @@ def klear_pipeline(
 
     def eval_samples(kind: str) -> dict:
         samples = {label: _sample(f"eval-{label}-{kind}", prompts.outputs[f"{kind}_prompts"], sample_preset,
-                                  prompts.outputs[f"{kind}_sample_overrides"], run_root, *sampling, model=model,
-                                  slices=eval_slices).outputs["samples"]
+                                  prompts.outputs[f"{kind}_sample_overrides"], run_root, eval_gpus, eval_cpu,
+                                  eval_memory, scheduling, model=model, slices=eval_slices,
+                                  after=teacher if label == "base" else None).outputs["samples"]
                    for label, model in models.items()}
         return _eval_judged(kind, samples, benchmark_uris, evaluate_preset, evaluate_overrides, run_root, judge_cpu,
                             evaluate_judge_slices)
@@ -497,7 +559,8 @@ def klear_pipeline(
 
 @dsl.pipeline(name="klear-curate", description="Rerun curate alone on existing prompt sources")
 def curate_pipeline(sources_uri: str, source_files: list, run_root: str, benchmark_uris: list = [],
-                    preset: str = "paper", overrides: list = []) -> dsl.Dataset:
+                    preset: str = "paper", overrides: list = [], plan_cluster: str = "h100-80gb-x8",
+                    plan_gpu_quota: int = 0) -> dsl.Dataset:
     """Exact dedup and 9-gram decontamination of prompt sources.
 
     Args:
@@ -507,18 +570,24 @@ def curate_pipeline(sources_uri: str, source_files: list, run_root: str, benchma
         benchmark_uris: Test sets to decontaminate against; empty: the shipped AIME24/AIME25/HMMT25.
         preset: curate config (paper, tiny) or a YAML path.
         overrides: Config overrides, "key=value" (e.g. "ngram_size=13").
+        plan_cluster: The node shape the first task (`klear plan`) checks this run's settings against
+            (h100-80gb-x8, h200-141gb-x8); it fails the run before the stage starts.
+        plan_gpu_quota: The GPUs this run may hold at once; 0: the cluster shape's nodes x GPUs.
     """
     sources = _import(sources_uri, dsl.Dataset, "prompt sources")
-    return _curate(sources.output, source_files, benchmark_uris, preset, overrides, run_root,
-                   _digest("curate inputs", sources_uri, uris=benchmark_uris, preset=preset)).outputs["curated"]
+    curated = _curate(sources.output, source_files, benchmark_uris, preset, overrides, run_root,
+                      _digest("curate inputs", sources_uri, uris=benchmark_uris, preset=preset)).outputs["curated"]
+    _plan_first("klear-curate", plan_cluster, plan_gpu_quota, preset, overrides)
+    return curated
 
 
 @dsl.pipeline(name="klear-sample", description="Rerun sampling alone: a model or an endpoint on existing prompts")
 def sample_pipeline(prompts_uri: str, run_root: str, name: str = "teacher", model_uri: str = "", endpoint: str = "",
                     served_model: str = "", key_secret: str = ENDPOINT_SECRET, preset: str = "paper",
-                    overrides: list = [], gpus: str = GPUS,
-                    cpu: str = SAMPLE_CPU, memory: str = NODE_MEMORY, gpu_node_selector: dict = {},
-                    gpu_tolerations: list = [], slices: int = 1) -> dsl.Dataset:
+                    overrides: list = [], gpus: str = MODEL_8B_POD[0],
+                    cpu: str = MODEL_8B_POD[1], memory: str = MODEL_8B_POD[2], gpu_node_selector: dict = {},
+                    gpu_tolerations: list = [], slices: int = 1, plan_cluster: str = "h100-80gb-x8",
+                    plan_gpu_quota: int = 0) -> dsl.Dataset:
     """n responses per prompt from a model folder (vLLM on the pod's GPUs) or an OpenAI-compatible endpoint.
 
     Args:
@@ -531,22 +600,29 @@ def sample_pipeline(prompts_uri: str, run_root: str, name: str = "teacher", mode
         key_secret: The Secret holding the endpoint's API key (key `api-key`), if it needs one.
         preset: Sampling config (paper: T 0.6, top_p 0.95, 32K tokens, n 16).
         overrides: Config overrides, "key=value" (e.g. "n=8", "backend=records").
-        gpus: GPUs of the sampling pod ("0" for an endpoint).
+        gpus: GPUs of each sampling pod: "0" for an endpoint; an 8B model, 1 (its engine at tensor-parallel 1).
         cpu: CPU of the sampling pod.
         memory: Memory of the sampling pod.
         gpu_node_selector: Node labels the GPU pod must match.
         gpu_tolerations: Tolerations of the GPU pod.
         slices: Pods the sampling is spread over (slices of the prompts by a hash of their id, then one merge).
+        plan_cluster: The node shape the first task (`klear plan`) checks this run's settings against
+            (h100-80gb-x8, h200-141gb-x8); it fails the run before the stage starts.
+        plan_gpu_quota: The GPUs this run may hold at once; 0: the cluster shape's nodes x GPUs.
     """
     prompts = _import(prompts_uri, dsl.Dataset, "prompts")
-    return _sample(name, prompts.output, preset, overrides, run_root, gpus, cpu, memory,
-                   (gpu_node_selector, gpu_tolerations), model_uri=model_uri, endpoint=endpoint,
-                   served_model=served_model, key_secret=key_secret, slices=slices).outputs["samples"]
+    samples = _sample(name, prompts.output, preset, overrides, run_root, gpus, cpu, memory,
+                      (gpu_node_selector, gpu_tolerations), model_uri=model_uri, endpoint=endpoint,
+                      served_model=served_model, key_secret=key_secret, slices=slices).outputs["samples"]
+    _plan_first("klear-sample", plan_cluster, plan_gpu_quota, preset, overrides, model_uri=model_uri, gpus=gpus,
+                slices=slices)
+    return samples
 
 
 @dsl.pipeline(name="klear-judge", description="Rerun judging alone on existing samples")
 def judge_pipeline(samples_uri: str, run_root: str, problems_uri: str = "", preset: str = "paper",
-                   overrides: list = []) -> dsl.Dataset:
+                   overrides: list = [], plan_cluster: str = "h100-80gb-x8",
+                   plan_gpu_quota: int = 0) -> dsl.Dataset:
     """Pass rates of saved samples: math answers by math-verify, programs in the sandbox.
 
     Args:
@@ -555,16 +631,22 @@ def judge_pipeline(samples_uri: str, run_root: str, problems_uri: str = "", pres
         problems_uri: Problems with answers/tests, when the samples' prompts do not carry them.
         preset: judge config (paper, tiny).
         overrides: Config overrides, "key=value".
+        plan_cluster: The node shape the first task (`klear plan`) checks this run's settings against
+            (h100-80gb-x8, h200-141gb-x8); it fails the run before the stage starts.
+        plan_gpu_quota: The GPUs this run may hold at once; 0: the cluster shape's nodes x GPUs.
     """
     samples = _import(samples_uri, dsl.Dataset, "samples")
     task = judge(samples=samples.output, problems_uri=problems_uri, preset=preset, overrides=overrides,
                  run_root=run_root, input_digest=_digest("judge inputs", samples_uri, problems_uri, preset=preset))
-    return _runs_untrusted_code(_deterministic(task.set_display_name("judge"))).outputs["judged"]
+    judged = _runs_untrusted_code(_deterministic(task.set_display_name("judge"))).outputs["judged"]
+    _plan_first("klear-judge", plan_cluster, plan_gpu_quota, preset, overrides)
+    return judged
 
 
 @dsl.pipeline(name="klear-sft-data", description="Rerun sft-data alone on existing teacher and reference samples")
 def sft_data_pipeline(teacher_samples_uri: str, reference_samples_uri: str, target_model_uri: str, run_root: str,
-                      preset: str = "paper", overrides: list = []) -> dsl.Dataset:
+                      preset: str = "paper", overrides: list = [], plan_cluster: str = "h100-80gb-x8",
+                      plan_gpu_quota: int = 0) -> dsl.Dataset:
     """SFT records from teacher samples, with difficulty from the reference model's pass rate.
 
     Args:
@@ -574,6 +656,9 @@ def sft_data_pipeline(teacher_samples_uri: str, reference_samples_uri: str, targ
         run_root: Object-storage root of this run's outputs (s3://bucket/runs).
         preset: sft-data config (paper, tiny).
         overrides: Config overrides, e.g. ["policy=drop_incorrect"] (keep_all, drop_incorrect_on_easy, drop_incorrect).
+        plan_cluster: The node shape the first task (`klear plan`) checks this run's settings against
+            (h100-80gb-x8, h200-141gb-x8); it fails the run before the stage starts.
+        plan_gpu_quota: The GPUs this run may hold at once; 0: the cluster shape's nodes x GPUs.
     """
     teacher = _import(teacher_samples_uri, dsl.Dataset, "teacher samples")
     reference = _import(reference_samples_uri, dsl.Dataset, "reference samples")
@@ -581,13 +666,16 @@ def sft_data_pipeline(teacher_samples_uri: str, reference_samples_uri: str, targ
     digest = _digest("sft-data inputs", teacher_samples_uri, reference_samples_uri, target_model_uri, preset=preset)
     task = sft_data(teacher_samples=teacher.output, reference_samples=reference.output, target_model=target.output,
                     preset=preset, overrides=overrides, run_root=run_root, input_digest=digest)
-    return _runs_untrusted_code(_deterministic(task.set_display_name("sft-data"))).outputs["records"]
+    records = _runs_untrusted_code(_deterministic(task.set_display_name("sft-data"))).outputs["records"]
+    _plan_first("klear-sft-data", plan_cluster, plan_gpu_quota, preset, overrides, model_uri=target_model_uri)
+    return records
 
 
 @dsl.pipeline(name="klear-sft", description="Rerun SFT alone on an existing model and SFT data")
 def sft_pipeline(base_model_uri: str, data_uri: str, run_root: str, preset: str = "paper", overrides: list = [],
                  gpus_per_node: str = GPUS, nodes: int = 1, cpu: str = SFT_CPU, memory: str = NODE_MEMORY,
-                 gpu_node_selector: dict = {}, gpu_tolerations: list = []) -> dsl.Model:
+                 gpu_node_selector: dict = {}, gpu_tolerations: list = [], plan_cluster: str = "h100-80gb-x8",
+                 plan_gpu_quota: int = 0) -> dsl.Model:
     """Long-CoT SFT.
 
     Args:
@@ -602,16 +690,23 @@ def sft_pipeline(base_model_uri: str, data_uri: str, run_root: str, preset: str 
         memory: Memory per training node.
         gpu_node_selector: Node labels the training pods must match.
         gpu_tolerations: Tolerations of the training pods.
+        plan_cluster: The node shape the first task (`klear plan`) checks this run's settings against
+            (h100-80gb-x8, h200-141gb-x8); it fails the run before the stage starts.
+        plan_gpu_quota: The GPUs this run may hold at once; 0: the cluster shape's nodes x GPUs.
     """
     base = _import(base_model_uri, dsl.Model, "base model")
     data = _import(data_uri, dsl.Dataset, "SFT data")
-    return _sft(base.output, data.output, preset, run_root, gpus_per_node, nodes, cpu, memory,
-                (gpu_node_selector, gpu_tolerations), overrides).outputs["model"]
+    model = _sft(base.output, data.output, preset, run_root, gpus_per_node, nodes, cpu, memory,
+                 (gpu_node_selector, gpu_tolerations), overrides).outputs["model"]
+    _plan_first("klear-sft", plan_cluster, plan_gpu_quota, preset, overrides, model_uri=base_model_uri, nodes=nodes,
+                gpus_per_node=gpus_per_node)
+    return model
 
 
 @dsl.pipeline(name="klear-rl-filter", description="Rerun RL data filtering alone on existing problems and samples")
 def rl_filter_pipeline(problems_uri: str, filter_samples_uri: str, run_root: str, task: str = "math",
-                       benchmark_uris: list = [], preset: str = "paper", overrides: list = []) -> dsl.Dataset:
+                       benchmark_uris: list = [], preset: str = "paper", overrides: list = [],
+                       plan_cluster: str = "h100-80gb-x8", plan_gpu_quota: int = 0) -> dsl.Dataset:
     """RL problems the filter model solves reliably, decontaminated against the test sets.
 
     Args:
@@ -622,26 +717,35 @@ def rl_filter_pipeline(problems_uri: str, filter_samples_uri: str, run_root: str
         benchmark_uris: Test sets to decontaminate against; empty: the shipped AIME24/AIME25/HMMT25.
         preset: rl-filter config (paper, tiny).
         overrides: Config overrides, "key=value" (e.g. "keep_above=0.25", "judge.verifier.timeout_s=6").
+        plan_cluster: The node shape the first task (`klear plan`) checks this run's settings against
+            (h100-80gb-x8, h200-141gb-x8); it fails the run before the stage starts.
+        plan_gpu_quota: The GPUs this run may hold at once; 0: the cluster shape's nodes x GPUs.
     """
     problems = _import(problems_uri, dsl.Dataset, "RL problems")
     samples = _import(filter_samples_uri, dsl.Dataset, "filter-model samples")
     digest = _digest("rl-filter inputs", problems_uri, filter_samples_uri, uris=benchmark_uris, preset=preset)
-    return _rl_filter(task, problems.output, samples.output, benchmark_uris, preset, overrides, run_root,
-                      digest).outputs["rl_data"]
+    rl_data = _rl_filter(task, problems.output, samples.output, benchmark_uris, preset, overrides, run_root,
+                         digest).outputs["rl_data"]
+    _plan_first("klear-rl-filter", plan_cluster, plan_gpu_quota, preset, overrides)
+    return rl_data
 
 
 def _rl_rerun(rl_task, model_uri, data_uri, preset, overrides, run_root, gpus_per_node, nodes, cpu, memory,
-              scheduling) -> dsl.Model:
+              scheduling, plan_cluster, plan_gpu_quota) -> dsl.Model:
     policy = _import(model_uri, dsl.Model, "policy")
     data = _import(data_uri, dsl.Dataset, f"{rl_task} RL data")
-    return _gppo(rl_task, policy.output, data.output, preset, run_root, gpus_per_node, nodes, cpu, memory,
-                 scheduling, overrides).outputs["model"]
+    model = _gppo(rl_task, policy.output, data.output, preset, run_root, gpus_per_node, nodes, cpu, memory,
+                  scheduling, overrides).outputs["model"]
+    _plan_first(f"klear-gppo-{rl_task}", plan_cluster, plan_gpu_quota, preset, overrides, model_uri=model_uri,
+                nodes=nodes, gpus_per_node=gpus_per_node)
+    return model
 
 
 @dsl.pipeline(name="klear-gppo-math", description="Rerun math RL alone on an existing model and math RL data")
 def gppo_math_pipeline(model_uri: str, data_uri: str, run_root: str, preset: str = "math", overrides: list = [],
                        gpus_per_node: str = GPUS, nodes: int = 1, cpu: str = RL_CPU, memory: str = NODE_MEMORY,
-                       gpu_node_selector: dict = {}, gpu_tolerations: list = []) -> dsl.Model:
+                       gpu_node_selector: dict = {}, gpu_tolerations: list = [],
+                       plan_cluster: str = "h100-80gb-x8", plan_gpu_quota: int = 0) -> dsl.Model:
     """Math RL with GPPO.
 
     Args:
@@ -656,15 +760,19 @@ def gppo_math_pipeline(model_uri: str, data_uri: str, run_root: str, preset: str
         memory: Memory per training node.
         gpu_node_selector: Node labels the training pods must match.
         gpu_tolerations: Tolerations of the training pods.
+        plan_cluster: The node shape the first task (`klear plan`) checks this run's settings against
+            (h100-80gb-x8, h200-141gb-x8); it fails the run before the stage starts.
+        plan_gpu_quota: The GPUs this run may hold at once; 0: the cluster shape's nodes x GPUs.
     """
     return _rl_rerun("math", model_uri, data_uri, preset, overrides, run_root, gpus_per_node, nodes, cpu, memory,
-                     (gpu_node_selector, gpu_tolerations))
+                     (gpu_node_selector, gpu_tolerations), plan_cluster, plan_gpu_quota)
 
 
 @dsl.pipeline(name="klear-gppo-code", description="Rerun code RL alone on an existing model and code RL data")
 def gppo_code_pipeline(model_uri: str, data_uri: str, run_root: str, preset: str = "code", overrides: list = [],
                        gpus_per_node: str = GPUS, nodes: int = 1, cpu: str = RL_CPU, memory: str = NODE_MEMORY,
-                       gpu_node_selector: dict = {}, gpu_tolerations: list = []) -> dsl.Model:
+                       gpu_node_selector: dict = {}, gpu_tolerations: list = [],
+                       plan_cluster: str = "h100-80gb-x8", plan_gpu_quota: int = 0) -> dsl.Model:
     """Code RL with GPPO (programs run in the sandbox).
 
     Args:
@@ -679,17 +787,21 @@ def gppo_code_pipeline(model_uri: str, data_uri: str, run_root: str, preset: str
         memory: Memory per training node.
         gpu_node_selector: Node labels the training pods must match.
         gpu_tolerations: Tolerations of the training pods.
+        plan_cluster: The node shape the first task (`klear plan`) checks this run's settings against
+            (h100-80gb-x8, h200-141gb-x8); it fails the run before the stage starts.
+        plan_gpu_quota: The GPUs this run may hold at once; 0: the cluster shape's nodes x GPUs.
     """
     return _rl_rerun("code", model_uri, data_uri, preset, overrides, run_root, gpus_per_node, nodes, cpu, memory,
-                     (gpu_node_selector, gpu_tolerations))
+                     (gpu_node_selector, gpu_tolerations), plan_cluster, plan_gpu_quota)
 
 
 @dsl.pipeline(name="klear-evaluate", description="Evaluate one model: sample the benchmarks, then score them")
 def evaluate_pipeline(model_uri: str, run_root: str, benchmark_uris: list = [], preset: str = "paper",
                       overrides: list = [], sample_preset: str = "paper", sample_overrides: list = [],
-                      gpus: str = GPUS, cpu: str = SAMPLE_CPU, memory: str = NODE_MEMORY,
+                      gpus: str = MODEL_8B_POD[0], cpu: str = MODEL_8B_POD[1], memory: str = MODEL_8B_POD[2],
                       gpu_node_selector: dict = {}, gpu_tolerations: list = [], slices: int = 1,
-                      judge_slices: int = 1, judge_cpu: str = JUDGE_CPU) -> dsl.Markdown:
+                      judge_slices: int = 1, judge_cpu: str = JUDGE_CPU, plan_cluster: str = "h100-80gb-x8",
+                      plan_gpu_quota: int = 0) -> dsl.Markdown:
     """AIME/HMMT pass@1 (avg@k) of one model under the paper's protocol.
 
     Args:
@@ -710,6 +822,9 @@ def evaluate_pipeline(model_uri: str, run_root: str, benchmark_uris: list = [], 
         judge_slices: Pods the judging of the samples is spread over (the preset's judge settings; then one merge
             that evaluate reads).
         judge_cpu: CPU of each judging pod (judge slices, evaluate): one verifier worker per core.
+        plan_cluster: The node shape the first task (`klear plan`) checks this run's settings against
+            (h100-80gb-x8, h200-141gb-x8); it fails the run before the stage starts.
+        plan_gpu_quota: The GPUs this run may hold at once; 0: the cluster shape's nodes x GPUs.
     """
     model = _import(model_uri, dsl.Model, "model")
     digest = _digest("benchmarks", uris=benchmark_uris, preset=preset)
@@ -723,13 +838,17 @@ def evaluate_pipeline(model_uri: str, run_root: str, benchmark_uris: list = [], 
                     judge_slices, benchmark_uris=benchmark_uris)
     task = evaluate(samples=judged.outputs["judged"], benchmark_uris=benchmark_uris, preset=preset,
                     overrides=overrides, run_root=run_root, label="model", input_digest=digest)
-    return _runs_untrusted_code(_deterministic(task.set_display_name("evaluate"), judge_cpu)).outputs["summary"]
+    summary = _runs_untrusted_code(_deterministic(task.set_display_name("evaluate"), judge_cpu)).outputs["summary"]
+    _plan_first("klear-evaluate", plan_cluster, plan_gpu_quota, preset, overrides, model_uri=model_uri, gpus=gpus,
+                slices=slices)
+    return summary
 
 
 @dsl.pipeline(name="klear-evaluate-samples", description="Rescore saved samples (no sampling)")
 def evaluate_samples_pipeline(samples_uri: str, run_root: str, benchmark_uris: list = [], preset: str = "paper",
                               overrides: list = [], label: str = "model", judge_slices: int = 1,
-                              judge_cpu: str = JUDGE_CPU) -> dsl.Markdown:
+                              judge_cpu: str = JUDGE_CPU, plan_cluster: str = "h100-80gb-x8",
+                              plan_gpu_quota: int = 0) -> dsl.Markdown:
     """Score saved samples of a model again (another protocol, a fixed verifier) without sampling.
 
     Args:
@@ -742,6 +861,9 @@ def evaluate_samples_pipeline(samples_uri: str, run_root: str, benchmark_uris: l
         judge_slices: Pods the judging of the samples is spread over (the preset's judge settings; then one merge
             that evaluate reads).
         judge_cpu: CPU of each judging pod (judge slices, evaluate): one verifier worker per core.
+        plan_cluster: The node shape the first task (`klear plan`) checks this run's settings against
+            (h100-80gb-x8, h200-141gb-x8); it fails the run before the stage starts.
+        plan_gpu_quota: The GPUs this run may hold at once; 0: the cluster shape's nodes x GPUs.
     """
     samples = _import(samples_uri, dsl.Dataset, "samples")
     judged = _judge("eval-samples", samples.output, "evaluate", preset, overrides, run_root, judge_cpu, judge_slices,
@@ -749,7 +871,9 @@ def evaluate_samples_pipeline(samples_uri: str, run_root: str, benchmark_uris: l
     task = evaluate(samples=judged.outputs["judged"], benchmark_uris=benchmark_uris, preset=preset,
                     overrides=overrides, run_root=run_root, label=label,
                     input_digest=_digest("evaluate inputs", samples_uri, uris=benchmark_uris, preset=preset))
-    return _runs_untrusted_code(_deterministic(task.set_display_name("evaluate"), judge_cpu)).outputs["summary"]
+    summary = _runs_untrusted_code(_deterministic(task.set_display_name("evaluate"), judge_cpu)).outputs["summary"]
+    _plan_first("klear-evaluate-samples", plan_cluster, plan_gpu_quota, preset, overrides)
+    return summary
 
 
 PIPELINES = {

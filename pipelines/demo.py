@@ -49,7 +49,8 @@ DEMO = {
     "teacher_overrides": ["backend=records", "n=1"], "filter_math_overrides": ["backend=records", "n=1"],
     "filter_code_overrides": ["backend=records", "n=1"],
     "reference_overrides": ["n=1", "max_prompts=200"],
-    "sample_gpus": "0", "sft_gpus_per_node": "0", "rl_gpus_per_node": "0",
+    "teacher_gpus": "0", "reference_gpus": "0", "filter_gpus": "0", "eval_gpus": "0",
+    "sft_gpus_per_node": "0", "rl_gpus_per_node": "0",
     # Two slice tasks each, then a merge: the fan-out a cluster runs, on every CI push. The merge writes rows in
     # prompt order, so the SFT data (and the calibrated figures) are those of an unsliced run.
     "teacher_slices": 2, "reference_slices": 2,

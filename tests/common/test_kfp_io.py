@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from klear.common import kfp_io
@@ -22,3 +24,17 @@ def test_missing_run_id_or_run_root_is_named(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv(kfp_io.RUN_ID_ENV, "r")
     with pytest.raises(ValueError, match="run_root is empty"):
         kfp_io.output_location("  ", "curate")
+
+
+def test_a_task_stages_on_its_scratch_volume_where_it_has_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """KLEAR_SCRATCH (the pipeline's scratch volume) becomes tempfile's folder, so storage's staging and a downloaded
+    model go there; under kfp.local, where no volume is mounted, the folder is missing and /tmp stays."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    monkeypatch.setenv("KLEAR_SCRATCH", str(tmp_path / "missing"))
+    assert kfp_io.use_scratch() == tempfile.gettempdir() != str(tmp_path / "missing")
+    monkeypatch.setenv("KLEAR_SCRATCH", str(tmp_path))
+    assert kfp_io.use_scratch() == str(tmp_path)
+    with tempfile.TemporaryDirectory() as staging:
+        assert Path(staging).parent == tmp_path

@@ -183,12 +183,7 @@ def test_a_writer_that_lost_its_lease_does_not_publish(
     dest = f"{s3_bucket}/out"
     storage.publish_dir(_staging(tmp_path / "v1", "v1", 1), dest)
     with storage.claim_output(dest, ttl_s=1) as first:
-        monkeypatch.setenv("KLEAR_BREAK_LEASE", first.run_id)  # an operator declares the first run dead
-        taken: list[str] = []
-        thread = threading.Thread(target=lambda: _claim_briefly(dest, taken))
-        thread.start()
-        thread.join(timeout=30)
-        assert len(taken) == 1
+        take_lease_of(first, dest, monkeypatch)
         with pytest.raises(storage.LeaseLostError, match=rf"{dest}: this run .* lost its lease"):
             storage.publish_dir(_staging(tmp_path / "v2", "v2", 2), dest)
     assert set(storage.read_manifest(dest).meta) == {"lineage"}  # v1's manifest still stands: the loser changed nothing
@@ -198,6 +193,16 @@ def test_a_writer_that_lost_its_lease_does_not_publish(
 def _claim_briefly(dest: str, taken: list[str]) -> None:
     with storage.claim_output(dest) as lease:
         taken.append(lease.run_id)
+
+
+def take_lease_of(lease: storage.OutputLease, dest: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An operator declares `lease`'s run dead (KLEAR_BREAK_LEASE) and another run takes `dest` over, briefly."""
+    monkeypatch.setenv("KLEAR_BREAK_LEASE", lease.run_id)
+    taken: list[str] = []
+    thread = threading.Thread(target=lambda: _claim_briefly(dest, taken))
+    thread.start()
+    thread.join(timeout=30)
+    assert len(taken) == 1
 
 
 @pytest.mark.parametrize("where", WHERE)

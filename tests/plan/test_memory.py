@@ -48,11 +48,16 @@ def test_deepseek_mla_caches_one_latent_per_layer() -> None:
 
 
 def test_the_gpu_image_flash_attn_assumption_matches_its_lock() -> None:
-    """"auto" resolves to sdpa in the plan because the GPU image has no flash-attn: fails when the lock adds it."""
+    """"auto" resolves to flex_attention for packed rows in the plan because the GPU image has no flash-attn and its
+    torch has FlexAttention: fails when the lock adds flash-attn or drops to a torch without flex."""
     lock = (ROOT / "docker" / "locks" / "gpu.txt").read_text()
     assert bool(re.search(r"^flash[-_]attn==", lock, re.MULTILINE)) == memory.GPU_IMAGE_HAS_FLASH_ATTN
-    assert memory.attention_implementation("auto") == ("flash_attention_2" if memory.GPU_IMAGE_HAS_FLASH_ATTN
-                                                       else "sdpa")
+    locked_torch = re.search(r"^torch==(\d+)\.(\d+)", lock, re.MULTILINE)
+    assert locked_torch and (int(locked_torch[1]), int(locked_torch[2])) >= (2, 6), "transformers compiles flex masks from torch 2.6"
+    flash = memory.GPU_IMAGE_HAS_FLASH_ATTN
+    assert memory.attention_implementation("auto", packed=True) == ("flash_attention_2" if flash else "flex_attention")
+    assert memory.attention_implementation("auto") == ("flash_attention_2" if flash else "sdpa")
+    assert memory.attention_implementation("sdpa", packed=True) == "sdpa"
 
 
 def test_checkpointing_keeps_one_layer_and_the_layer_inputs() -> None:
@@ -66,9 +71,20 @@ def test_checkpointing_keeps_one_layer_and_the_layer_inputs() -> None:
     assert memory.attention_bytes("sdpa", model, 1, 32768, 2, True, True) == 32768 ** 2 * 3  # bool + bf16 copy
 
 
+def test_flex_attention_keeps_a_block_mask_not_a_square() -> None:
+    """A packed 32K row under flex_attention: 256 x 256 int32 block indices, four times, and four counts of 256
+    (1 MiB), whatever the checkpointing; sdpa's dense mask is 3 GiB (tests/sft/test_attention.py holds the formula
+    against a real BlockMask)."""
+    model = shapes.model("qwen3-8b-base")
+    assert memory.flex_block_mask_bytes(32768) == 4 * 4 * 256 * 257
+    assert memory.flex_block_mask_bytes(32769) == 4 * 4 * 257 * 258  # a partial block counts whole
+    for checkpointing in (True, False):
+        assert memory.attention_bytes("flex_attention", model, 2, 32768, 2, True, checkpointing) == 2 * 4 * 4 * 256 * 257
+
+
 @pytest.mark.parametrize("cluster", ["h100-80gb-x8", "h200-141gb-x8"])
 def test_the_recipe_defaults_memory(cluster: str) -> None:
-    """Everything fits both shapes: the GPPO actor at per_device_batch_size 2 x (4096 + 32768) tokens needs ~61.5
+    """Everything fits both shapes: the GPPO actor at per_device_batch_size 2 x (4096 + 32768) tokens needs ~66.5
     GiB, which an H100 has only while vLLM sleeps (the presets' vllm_enable_sleep_mode)."""
     _, found = memory_report("--cluster", cluster)
     assert {"memory: sft_overrides", "memory: gppo_math_overrides actor", "memory: gppo_math_overrides vLLM",

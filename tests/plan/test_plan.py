@@ -123,3 +123,54 @@ def plan_in_root(*args: str) -> tuple[int, dict]:
     done = klear("plan", str(COMPILED), "--values", str(CHART), "--format", "json", *args, timeout=60)
     assert done.returncode in (0, 1), done.stderr
     return done.returncode, json.loads(done.stdout)
+
+
+def test_more_slices_than_the_gpu_quota_are_named() -> None:
+    """40 reference slices of 1 GPU beside 8 base-evaluation slices on a 32-GPU quota: the phases that want more at
+    once are named with their uses; the teacher (an endpoint) counts no GPU."""
+    code, report = plan_in_root("--arg", "reference_slices=40", "--arg", "eval_slices=8", "--gpu-quota", "32")
+    bad = {c["check"]: c["detail"] for c in failed(report)}
+    assert code == 1 and set(bad) == {"pods: phase 1 teacher + reference", "pods: phase 2 reference + filter + eval-base"}
+    assert "reference slices 40 x 1" in bad["pods: phase 2 reference + filter + eval-base"]
+    assert "eval-base slices 8 x 1" in bad["pods: phase 2 reference + filter + eval-base"]
+    assert "> quota 32" in bad["pods: phase 1 teacher + reference"]
+    # The quota by default: the shape's 8 nodes of 8 GPUs.
+    code, report = plan_in_root("--arg", "reference_slices=40")
+    assert code == 0, failed(report)
+
+
+def test_a_pod_larger_than_a_node_and_a_model_without_a_gpu_are_named() -> None:
+    code, report = plan_in_root("--arg", 'eval_gpus="16"', "--arg", 'reference_gpus="0"')
+    bad = {c["check"]: c["detail"] for c in failed(report)}
+    assert code == 1 and "eval_gpus 16 GPUs per pod > 8 GPUs per node" in bad["pods: eval_gpus per pod"]
+    assert "would run on CPU" in bad["pods: reference model"] and "qwen3-8b" in bad["pods: reference model"]
+
+
+def test_a_merge_larger_than_its_scratch_is_named() -> None:
+    """1M curated prompts x 8 reference samples of ~13K tokens: the judge merge of the reference's samples stages its
+    whole output, twice, more than its volume; the sample merges upload each part as it closes and fit."""
+    code, report = plan_in_root("--prompts", "1000000")
+    (bad,) = failed(report)
+    assert code == 1 and bad["check"] == "disk: reference_overrides judge merge", bad
+    assert "> scratch volume 512Gi" in bad["detail"] and "1,000,000 prompts" in bad["detail"]
+    teacher = next(c for c in report["checks"] if c["check"] == "disk: teacher_overrides merge")
+    assert teacher["ok"] and "16,000,000 rows" in teacher["detail"] and "at most 2 parts" in teacher["detail"]
+    # A teacher folder downloaded into each slice pod rather than served: refused, with the way out.
+    code, report = plan_in_root("--arg", "teacher_model_uri=s3://models/r1", "--arg", 'teacher_gpus="8"')
+    (bad,) = failed(report)
+    assert bad["check"] == "disk: teacher_model_uri download" and "teacher server" in bad["detail"]
+
+
+def test_the_plan_prints_gpu_hours_and_every_value_with_its_origin() -> None:
+    code, report = plan_in_root("--arg", 'sft_overrides=["learning_rate=1e-4"]')
+    assert code == 0
+    sft = report["configurations"]["sft_overrides"]
+    assert sft["values"]["learning_rate"] == 1e-4 and sft["origins"]["learning_rate"] == "override learning_rate=1e-4"
+    assert "presets/paper.yaml" in sft["origins"]["num_epochs"] and sft["origins"]["report_to"] == "default"
+    hours = report["estimates"]["gpu_hours"]
+    uses = {(row["stage"], row["use"]) for row in hours["rows"]}
+    assert {("sample", "teacher"), ("sft", "sft"), ("gppo", "math rollouts"), ("gppo", "code training")} <= uses
+    assert hours["total"]["gpu_hours"] == pytest.approx(sum(row["gpu_hours"] for row in hours["rows"]))
+    assert "sft_prompts" in hours["assumptions"]
+    text = run_in_root("klear-reasoner").stdout
+    assert "learning_rate = 8e-05  (preset 'paper'" in text and "GPU-HOURS" in text and "assumption sft_prompts" in text

@@ -69,8 +69,7 @@ def test_the_demo_settings_pass_the_plan_task(tmp_path: Path) -> None:
 
     model = tmp_path / "tiny-model"
     build(str(model), spec="demo")
-    params = {name: value for name, value in DEMO.items() if not name.endswith("_slices")
-              and name != "sample_gpus"}
+    params = dict(DEMO)  # every demo argument the plan task takes, its pod sizes and slices included
     defaults = {"curate_overrides": [], "teacher_overrides": [], "reference_overrides": [],
                 "filter_math_overrides": [], "filter_code_overrides": [], "sft_data_overrides": [],
                 "sft_overrides": [], "rl_filter_math_overrides": [], "rl_filter_code_overrides": [],
@@ -97,3 +96,73 @@ def test_the_workflow_estimate_stays_within_its_budget(compiled: Path) -> None:
     doubled = {**documents[0], "root": {**documents[0]["root"], "dag": {
         "tasks": {**tasks, **{f"{name}-copy": task for name, task in tasks.items()}}}}}
     assert workflow_size(doubled, documents[1])["submitted_bytes"] > size["submitted_bytes"] + 1024 * len(tasks)
+
+
+def test_a_single_stage_pipeline_fails_at_its_own_plan_task(compiled: Path, tmp_path: Path) -> None:
+    """klear-sft's first task is the plan of its own preset and overrides: a typo fails the run there, before the
+    model is imported or the launcher sized, and nothing is published."""
+    run_root = tmp_path / "runs"
+    done = subprocess.run([sys.executable, "-m", "pipelines.run_local", "klear-sft", "--workdir",
+                           str(tmp_path / "work"), "--run-root", str(run_root), "--compiled", str(compiled),
+                           "--arg", f"base_model_uri={tmp_path / 'no-model'}", "--arg", f"data_uri={tmp_path / 'no-data'}",
+                           "--arg", "preset=tiny", "--arg", 'overrides=["learning_rat=1e-5"]',
+                           "--arg", 'gpus_per_node="0"'],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    output = done.stdout + done.stderr
+    assert done.returncode != 0, output[-3000:]
+    assert "plan check(s) failed" in output and "learning_rat" in output and "plan-stage" in output, output[-3000:]
+    assert not run_root.exists() or not any(run_root.rglob("*")), sorted(run_root.rglob("*"))
+
+
+def test_every_single_stage_pipeline_plans_first(compiled: Path) -> None:
+    """Every task of every compiled pipeline waits for its plan task (directly, or through a loop or a task that
+    does)."""
+    for path in sorted(compiled.glob("*.yaml")):
+        spec = next(yaml.load_all(path.read_text(), Loader=yaml.CSafeLoader))
+        tasks = spec["root"]["dag"]["tasks"]
+        first = [name for name in tasks if name.startswith("plan-")]
+        assert len(first) == 1, (path.name, first)
+        waiting = [name for name, task in tasks.items() if name != first[0]
+                   and first[0] not in task.get("dependentTasks", [])]
+        assert not waiting, (path.name, waiting)
+
+
+def _task_names(spec: dict) -> tuple[dict[str, str], dict[str, dict]]:
+    """Display name -> task id of every task of the spec (sub-DAGs included), and the tasks by id."""
+    tasks = dict(spec["root"]["dag"]["tasks"])
+    for component in spec["components"].values():
+        tasks |= component.get("dag", {}).get("tasks", {})
+    return {task["taskInfo"]["name"]: name for name, task in tasks.items()}, tasks
+
+
+def test_the_teacher_goes_first(compiled: Path) -> None:
+    """The filter model's and the base model's evaluation sampling wait for the teacher's merge (the critical path),
+    the reference model's does not (sft-data needs it beside the teacher)."""
+    spec = next(yaml.load_all((compiled / "klear-reasoner.yaml").read_text(), Loader=yaml.CSafeLoader))
+    names, tasks = _task_names(spec)
+    teacher = names["sample: teacher (merge of the slices)"]
+    for use in ("filter-math", "filter-code", "eval-base-math"):
+        assert teacher in tasks[names[f"slices of sample: {use}"]]["dependentTasks"], use
+    for use in ("teacher", "reference", "eval-sft-math", "eval-rl-math"):
+        assert teacher not in tasks[names[f"slices of sample: {use}"]].get("dependentTasks", []), use
+
+
+def test_merges_and_slices_stage_on_a_scratch_volume(compiled: Path) -> None:
+    """Every merge and every sampling slice has a generic ephemeral volume of the size the plan checks, where it
+    stages (KLEAR_SCRATCH; not TMPDIR, which the KFP bootstrap's mktemp reads)."""
+    from klear.plan.pods import ENDPOINT_SLICE_SCRATCH, MERGE_SCRATCH, MODEL_SLICE_SCRATCH, SCRATCH_PATH
+
+    spec, platform = yaml.load_all((compiled / "klear-reasoner.yaml").read_text(), Loader=yaml.CSafeLoader)
+    executors = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+    containers = spec["deploymentSpec"]["executors"]
+    merges = slices = 0
+    for label, config in executors.items():
+        volumes = config.get("genericEphemeralVolume", [])
+        env = {e["name"]: e.get("value") for e in containers[label]["container"].get("env", [])}
+        if volumes:
+            (volume,) = volumes
+            assert volume["mountPath"] == SCRATCH_PATH and env.get("KLEAR_SCRATCH") == SCRATCH_PATH, label
+            assert volume["size"] in (MERGE_SCRATCH, MODEL_SLICE_SCRATCH, ENDPOINT_SLICE_SCRATCH), volume
+            merges += volume["size"] == MERGE_SCRATCH
+            slices += volume["size"] != MERGE_SCRATCH
+    assert merges >= 13 and slices >= 8, (merges, slices)  # sample and judge merges; every sampling use's slices

@@ -390,3 +390,45 @@ def _row(completion):
     from klear.sample.store import completion_row
 
     return completion_row(completion)
+
+
+def test_a_retried_slice_takes_its_own_lease_at_once_and_another_run_waits(s3_bucket: str, tmp_path: Path) -> None:
+    """On S3, slice 1/4 of pipeline run A is still held (its pod deleted but in its grace period, or on a node that
+    stopped answering: its lease is 120 s from expiring). Another run's pod on that slice is refused at once; the
+    retry of run A's own task (same KLEAR_RUN_ID, same slice, a new process) takes the lease over at once and
+    samples the slice; the earlier attempt then finds its lease gone. The merge holds every unit exactly once."""
+    import os
+
+    prompts = write_prompts(tmp_path / "p.jsonl", [{"id": f"p{i}", "prompt": f"q {i}"} for i in range(16)])
+    out = f"{s3_bucket}/runs/run-a/sample-teacher"
+    env = {**os.environ, "KLEAR_LEASE_TTL_S": "120"}
+    with FakeServer(latency_s=0.3, keep_bodies=False) as server:
+        first = subprocess.Popen(_command(prompts, out, server.url, "--slice", "1/4", "--set", "concurrency=1"),
+                                 env={**env, "KLEAR_RUN_ID": "run-a"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 text=True)
+        lease = storage.Uri.parse(f"{out}.work/slices/1-of-4/{storage.LEASE_NAME}")
+        deadline = time.monotonic() + 60
+        while not storage.exists(lease) and time.monotonic() < deadline and first.poll() is None:
+            time.sleep(0.1)
+        assert storage.exists(lease) and first.poll() is None, first.communicate()[1][-2000:]
+
+        started = time.monotonic()
+        other = subprocess.run(_command(prompts, out, server.url, "--slice", "1/4"), capture_output=True, text=True,
+                               env={**env, "KLEAR_RUN_ID": "run-b"}, timeout=60)
+        assert other.returncode != 0 and "being sampled by another pod" in other.stderr, other.stderr[-2000:]
+        assert "run-b" not in storage.read_bytes(lease).decode()
+
+        retry = subprocess.run(_command(prompts, out, server.url, "--slice", "1/4"), capture_output=True, text=True,
+                               env={**env, "KLEAR_RUN_ID": "run-a"}, timeout=120)
+        assert retry.returncode == 0, retry.stderr[-2000:]
+        assert "earlier attempt of this task (slice 1/4, sampled) in pipeline run run-a" in retry.stderr
+        assert time.monotonic() - started < 60  # not the 120 s the lease had left
+        first.communicate(timeout=120)
+        for k in (0, 2, 3):
+            done = subprocess.run(_command(prompts, out, server.url, "--slice", f"{k}/4"), capture_output=True,
+                                  text=True, env={**env, "KLEAR_RUN_ID": "run-a"}, timeout=120)
+            assert done.returncode == 0, done.stderr[-2000:]
+        merged = subprocess.run(_command(prompts, out, server.url, "--merge"), capture_output=True, text=True,
+                                env={**env, "KLEAR_RUN_ID": "run-a"}, timeout=120)
+        assert merged.returncode == 0, merged.stderr[-2000:]
+    _check_rows(list(iter_rows(out)), [f"p{i}" for i in range(16)])

@@ -32,10 +32,13 @@ def _single_process_steps(report: dict) -> int:
 
 @pytest.mark.slow
 def test_ddp_two_cpu_processes(tiny_model: str, demo_files: list[str], reference_run: dict, tmp_path: Path) -> None:
-    report = _launch(tiny_model, demo_files, tmp_path)
+    # A checkpoint due by time after every step (save_minutes): the two ranks agree on it by rank 0's clock, or the
+    # collective save would hang; save_steps=4 alone would publish every 4th step.
+    report = _launch(tiny_model, demo_files, tmp_path, "save_minutes=0.00001", "keep_checkpoints=1000")
     one_process = _single_process_steps(reference_run["report"])
     # Each rank takes half of the packed rows: half the optimizer steps of one process (rounded up).
     assert report["training"]["global_step"] == -(-one_process // 2)
+    assert report["training"]["checkpoints_published"] == list(range(1, report["training"]["global_step"] + 1))
     assert report["metrics"]["final_loss"] < report["metrics"]["first_loss"]
 
 

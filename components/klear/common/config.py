@@ -10,6 +10,7 @@ aliases are refused: a config needs neither, and they let a few hundred bytes ex
 
 from __future__ import annotations
 
+import copy
 import decimal
 import fractions
 import json
@@ -26,12 +27,14 @@ import yaml
 
 from klear.common import storage
 
-__all__ = ["ConfigError", "StageConfig", "config_files", "describe_preset", "load_config", "preset_of"]
+__all__ = ["ConfigError", "StageConfig", "config_files", "config_origins", "describe_preset", "load_config",
+           "origins_lines", "preset_of"]
 
 QUOTE_LIMIT = 200  # characters of a value quoted in an error message
 BASE_KEY = "base"  # a config's key naming the config it builds on
 MAX_BASES = 32  # configs in one `base` chain below the first: a few in practice
 MAX_CONFIG_BYTES = 1 << 20  # a config file is a few KB; a larger file is something else given by mistake
+DEFAULT_ORIGIN = "default"  # the origin of a value nothing set: the config class's default
 
 
 class ConfigError(ValueError):
@@ -322,6 +325,11 @@ def _section(annotation: Any) -> type[pydantic.BaseModel] | None:
     return None
 
 
+def _field_section(model: type[pydantic.BaseModel] | None, key: str) -> type[pydantic.BaseModel] | None:
+    field = model.model_fields.get(key) if model is not None else None
+    return _section(field.annotation) if field is not None else None
+
+
 def merge(base: dict[str, Any], changes: dict[str, Any], model: type[pydantic.BaseModel]) -> dict[str, Any]:
     """`base` with `changes` on top, for a config of type `model`: a section (a field holding one config model)
     merges key by key; any other value replaces the base's whole, a mapping of named items (evaluate's
@@ -329,8 +337,7 @@ def merge(base: dict[str, Any], changes: dict[str, Any], model: type[pydantic.Ba
     merged = dict(base)
     for key, value in changes.items():
         below = merged.get(key)
-        field = model.model_fields.get(key)
-        section = _section(field.annotation) if field is not None else None
+        section = _field_section(model, key)
         if section is not None and isinstance(below, dict) and isinstance(value, dict):
             merged[key] = merge(below, value, section)
         else:
@@ -338,11 +345,16 @@ def merge(base: dict[str, Any], changes: dict[str, Any], model: type[pydantic.Ba
     return merged
 
 
+# One config of a `base` chain as read: its origin (as _read_one names it) and its keys, `base` left out.
+Level = tuple[str, dict[str, Any]]
+
+
 def _read_source(cls: type[StageConfig] | None, source: str, chain: tuple[str, ...] = (),
-                 names: list[str] | None = None) -> tuple[dict[str, Any], str]:
+                 names: list[str] | None = None, levels: list[Level] | None = None) -> tuple[dict[str, Any], str]:
     """The config of `source` (a preset name, a YAML file or a storage URI) with its `base` chain merged in: a
     config may name a preset of the same stage, or a file or URI, as `base` and give only its differences.
-    `names` collects the chain's sources, `source` first (preset names as named, files and URIs as read).
+    `names` collects the chain's sources, `source` first (preset names as named, files and URIs as read);
+    `levels` collects each config's own keys, the deepest base first (the order they merge in: config_origins).
     Without `cls` the chain stops at its first preset, unread (config_files)."""
     if names is not None:
         names.append(source)
@@ -355,17 +367,26 @@ def _read_source(cls: type[StageConfig] | None, source: str, chain: tuple[str, .
                              f"{clip(' -> '.join((*chain, identity)), 4 * QUOTE_LIMIT)}")
     data, origin = _read_one(cls, source)
     if BASE_KEY not in data:
+        _collect(levels, origin, data)
         return data, origin
     base = data.pop(BASE_KEY)
     if not isinstance(base, str) or not base.strip():
         raise ConfigError(f"{origin}: {BASE_KEY}: expected a preset name, file or URI, got {clip(repr(base))}")
     try:
-        below, below_origin = _read_source(cls, _base_source(base.strip(), source), (*chain, identity), names)
+        below, below_origin = _read_source(cls, _base_source(base.strip(), source), (*chain, identity), names,
+                                           levels)
     except _BaseLoopError:
         raise  # the chain already names every config in it
     except ConfigError as exc:
         raise ConfigError(f"{origin}: {BASE_KEY} {clip(repr(base))}: {exc}") from None
+    _collect(levels, origin, data)
     return merge(below, data, cls) if cls is not None else {}, f"{origin} on {below_origin}"
+
+
+def _collect(levels: list[Level] | None, origin: str, data: dict[str, Any]) -> None:
+    # A copy: merging shares nested values with the merged config, which overrides then change in place.
+    if levels is not None:
+        levels.append((origin, copy.deepcopy(data)))
 
 
 def config_files(source: str) -> list[str]:
@@ -379,24 +400,35 @@ def config_files(source: str) -> list[str]:
     return [name for name in names if _is_file(name)]
 
 
-def _apply_override(data: dict[str, Any], override: str) -> None:
+def _parse_override(override: str) -> tuple[list[str], Any]:
+    """The dotted key of a `key.sub=value` override, split, and its value (YAML; nothing after `=` is "")."""
     key, sep, raw = override.partition("=")
     if not sep or not key.strip():
         raise ConfigError(f"override {clip(repr(override))} is not of the form key=value")
-    parts = key.strip().split(".")
+    return key.strip().split("."), _load_yaml(raw, f"override {clip(repr(override))}") if raw.strip() else ""
+
+
+def _apply_override(data: dict[str, Any], override: str) -> None:
+    parts, value = _parse_override(override)
     node = data
     for part in parts[:-1]:
         child = node.setdefault(part, {})
         if not isinstance(child, dict):
             raise ConfigError(f"override {clip(repr(override))}: {clip(repr(part))} is not a section")
         node = child
-    node[parts[-1]] = _load_yaml(raw, f"override {clip(repr(override))}") if raw.strip() else ""
+    node[parts[-1]] = value
 
 
 def load_config(cls: type[C], source: str | None = None, overrides: list[str] | tuple[str, ...] = ()) -> C:
     """Build a stage config from a preset name, YAML file or URI (defaults if None), its bases, plus overrides."""
+    return _load(cls, source, overrides)
+
+
+def _load(cls: type[C], source: str | None, overrides: list[str] | tuple[str, ...],
+          levels: list[Level] | None = None) -> C:
+    """load_config, collecting the configs of the `base` chain into `levels` (config_origins)."""
     names: list[str] = []
-    data, origin = _read_source(cls, source, names=names) if source else ({}, "defaults")
+    data, origin = _read_source(cls, source, names=names, levels=levels) if source else ({}, "defaults")
     for override in overrides:
         _apply_override(data, override)
     try:
@@ -414,6 +446,105 @@ def load_config(cls: type[C], source: str | None = None, overrides: list[str] | 
         raise ConfigError(f"{cls.__name__} from {origin}: " + "; ".join(problems)) from None
     _remember_preset(config, {"preset": names[0] if names else None, "bases": names[1:], "overrides": list(overrides)})
     return config
+
+
+# --------------------------------------------------------------------------- where each value came from
+
+# Where the keys of a config came from, shaped like its raw mapping: a key's origin, or for a section the
+# origins of its keys (a key missing: nothing set it, the class's default).
+Origins = dict[str, "str | Origins"]
+
+
+def _stamp(value: Any, section: type[pydantic.BaseModel] | None, origin: str) -> str | Origins:
+    """The origins of a value one config sets whole: each key it gives of a section (nested ones too), or the
+    value itself."""
+    if section is None or not isinstance(value, dict):
+        return origin
+    return {key: _stamp(item, _field_section(section, key), origin) for key, item in value.items()}
+
+
+def _mark(origins: Origins, below: dict[str, Any], changes: dict[str, Any], model: type[pydantic.BaseModel],
+          origin: str) -> Origins:
+    """`origins` of the config `below` once `changes` (from `origin`) merge on top of it: as `merge` does, a
+    section merges key by key and any other value (or a section the base does not have) is replaced whole."""
+    marked = dict(origins)
+    for key, value in changes.items():
+        section = _field_section(model, key)
+        under, known = below.get(key), origins.get(key)
+        if section is not None and isinstance(under, dict) and isinstance(value, dict):
+            marked[key] = _mark(known if isinstance(known, dict) else {}, under, value, section, origin)
+        else:
+            marked[key] = _stamp(value, section, origin)
+    return marked
+
+
+def _mark_override(origins: Origins, model: type[pydantic.BaseModel] | None, parts: list[str], value: Any,
+                   origin: str) -> None:
+    """Record in `origins` the override at the key `parts`: as `_apply_override` sets it. One reaching inside a
+    value that is no section (a benchmark's k) changes that value, which came from its origin and the override."""
+    key, section, known = parts[0], _field_section(model, parts[0]), origins.get(parts[0])
+    if len(parts) == 1:
+        origins[key] = _stamp(value, section, origin)
+    elif section is None:
+        origins[key] = f"{known if isinstance(known, str) else DEFAULT_ORIGIN} + {origin}"
+    else:
+        child = known if isinstance(known, dict) else {}
+        origins[key] = child
+        _mark_override(child, section, parts[1:], value, origin)
+
+
+def _leaves(config: pydantic.BaseModel, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """The leaf keys of a config as dotted paths with their values, in field-declaration order: a section's
+    keys are leaves of their own, any other value (a list, a mapping of named items) is one."""
+    for name, field in type(config).model_fields.items():
+        value = getattr(config, name)
+        if _section(field.annotation) is not None and isinstance(value, pydantic.BaseModel):
+            yield from _leaves(value, _join(prefix, name))
+        else:
+            yield _join(prefix, name), value
+
+
+def _origin_at(origins: Origins, path: str) -> str:
+    node: str | Origins = origins
+    for part in path.split("."):
+        if not isinstance(node, dict) or part not in node:
+            break
+        node = node[part]
+    return node if isinstance(node, str) else DEFAULT_ORIGIN
+
+
+def config_origins(cls: type[C], source: str | None = None,
+                   overrides: list[str] | tuple[str, ...] = ()) -> tuple[C, dict[str, str]]:
+    """load_config's config (and errors), with where each of its leaf keys (dotted: "sampling.max_tokens") came
+    from: "default" (the class's), the preset, file or URI of the `base` chain that set it last (as config errors
+    name it: "preset 'paper' (klear.sft/presets/paper.yaml)", a file's path), or "override KEY=VALUE"."""
+    levels: list[Level] = []
+    config = _load(cls, source, overrides, levels)
+    merged: dict[str, Any] = {}
+    origins: Origins = {}
+    for origin, data in levels:  # replayed as _read_source merged them, the deepest base first
+        origins = _mark(origins, merged, data, cls, origin)
+        merged = merge(merged, data, cls)
+    for override in overrides:
+        parts, value = _parse_override(override)
+        _mark_override(origins, cls, parts, value, f"override {override}")
+    return config, {path: _origin_at(origins, path) for path, _ in _leaves(config)}
+
+
+def origins_lines(config: StageConfig, origins: Mapping[str, str], limit: int = QUOTE_LIMIT) -> list[str]:
+    """`key = value  (origin)` per leaf key of `config`, in field-declaration order, values as JSON clipped to
+    `limit` characters: config_origins' answer, for a person."""
+    return [f"{path} = {clip(json.dumps(_plain(value), ensure_ascii=False), limit)}  "
+            f"({clip(origins.get(path, DEFAULT_ORIGIN), limit)})"
+            for path, value in _leaves(config)]
+
+
+_ANY: pydantic.TypeAdapter[Any] = pydantic.TypeAdapter(Any)
+
+
+def _plain(value: Any) -> Any:
+    """A leaf value as JSON holds it (the models of a mapping of named items, a date)."""
+    return _ANY.dump_python(value, mode="json")
 
 
 # --------------------------------------------------------------------------- where a config came from

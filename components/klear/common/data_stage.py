@@ -11,7 +11,9 @@ stage's own logic plus its report, on this frame:
 
 The manifest's meta names the stage (`stage`: only the same stage may replace the output, see storage) and
 its inputs (`inputs`: role -> the URIs as given), beside the stage's own keys. A body that raises publishes
-nothing: the output keeps its earlier manifest and files, the staging folder goes, the lease is released.
+nothing: the output keeps its earlier manifest and files, the staging folder goes, the lease is released. A stage
+whose output may not fit on local disk uploads each finished file at once with `out.ship(path)` (a merge's
+Parquet parts); once it has, a body that raises leaves the output unpublished (no manifest) for its next run.
 
 `DataStage.add_main` is the command's other half: the config options and a main that loads the config, runs
 the stage and prints its headline as JSON.
@@ -94,16 +96,24 @@ class StageOutput:
     def open(self) -> Iterator[Publication]:
         """Hold the output (a second run fails now, with OutputBusyError) and a staging folder until the block
         ends; nothing is published unless the block calls `publish`."""
-        with storage.claim_output(self.uri) as lease, \
+        with storage.claim_output(self.uri, task=f"{self.stage.name} publishing") as lease, \
                 tempfile.TemporaryDirectory(prefix=f"klear-{self.stage.name}-") as staging:
-            yield Publication(self, Path(staging), lease)
+            yield Publication(self, Path(staging), lease, storage.StreamedFiles(lease, self.stage.name))
 
 
 @dataclass(frozen=True)
 class Publication:
     output: StageOutput
-    staging: Path  # the output's files go here; publish uploads them all
+    staging: Path  # the output's files go here; publish uploads them all (those `ship` has not uploaded already)
     lease: storage.OutputLease
+    streamed: storage.StreamedFiles  # the files `ship` uploaded, with their manifest entries
+
+    def ship(self, path: Path) -> None:
+        """Upload a finished file of the staging folder (a Parquet part of a large output) to the output now and
+        delete it here, so the output is never staged whole; `publish` lists it. The first one begins the publish:
+        the earlier output's manifest goes, and a body that raises from then on leaves an output that readers
+        refuse and the next run of the stage replaces (storage.StreamedFiles)."""
+        self.streamed.upload(path, path.relative_to(self.staging).as_posix())
 
     def write_report(self, report: Report) -> None:
         """report.json (and report.md through the stage's renderer) into the staging folder."""
@@ -123,4 +133,5 @@ class Publication:
         stage = self.output.stage.name
         return storage.publish_dir(self.staging, self.output.uri,
                                    meta={"stage": stage, **(meta or {}), "inputs": self.output.inputs,
-                                         "lineage": {"config": config if config is not None else report.get("config")}})
+                                         "lineage": {"config": config if config is not None else report.get("config")}},
+                                   streamed=self.streamed)

@@ -29,6 +29,22 @@ IMAGE_ENV, POD_NAME_ENV, POD_UID_ENV = "KLEAR_TRAIN_IMAGE", "KLEAR_POD_NAME", "K
 API_ENV, RUNTIME_ENV = "KLEAR_TRAINER_API", "KLEAR_TRAINER_RUNTIME"
 
 
+SCRATCH_ENV = "KLEAR_SCRATCH"  # the task's scratch volume (pipelines/definitions.py mounts one where a task stages)
+
+
+def use_scratch() -> str:
+    """Stage temporary files on the task's scratch volume (KLEAR_SCRATCH) where the pod has one: Python's tempfile,
+    and through it storage's staging folders and a downloaded model. Not TMPDIR itself: the KFP bootstrap's
+    `mktemp` reads it before the volume's folder is known to exist (kfp.local mounts none). Returns the folder
+    used."""
+    import tempfile
+
+    folder = os.environ.get(SCRATCH_ENV, "").strip()
+    if folder and os.path.isdir(folder):
+        tempfile.tempdir = folder
+    return tempfile.gettempdir()
+
+
 def run_id() -> str:
     value = os.environ.get(RUN_ID_ENV, "").strip()
     if not value:

@@ -92,7 +92,8 @@ def claim_slice(work: storage.Uri, index: int, count: int, output: object, doing
     (`doing`: what the other pod is doing, e.g. "sampled"); other slices run beside it."""
     with contextlib.ExitStack() as stack:
         try:
-            lease = stack.enter_context(storage.claim_output(slice_folder(work, index, count)))
+            lease = stack.enter_context(storage.claim_output(slice_folder(work, index, count),
+                                                             task=f"slice {index}/{count}, {doing}"))
         except storage.OutputBusyError as exc:
             raise storage.OutputBusyError(f"slice {index}/{count} of {output} is being {doing} by another pod: "
                                           f"{exc}") from None

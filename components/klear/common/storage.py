@@ -51,6 +51,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from klear.common.kfp_io import RUN_ID_ENV
+
 __all__ = [
     "LEASE_NAME",
     "MANIFEST_NAME",
@@ -61,6 +63,7 @@ __all__ = [
     "OutputBusyError",
     "OutputLease",
     "StorageError",
+    "StreamedFiles",
     "UnpublishedOutputError",
     "Uri",
     "Write",
@@ -403,9 +406,14 @@ def _pid_space() -> str:
     return f"{socket.gethostname()} {namespace}"
 
 
-def _holder_body(run_id: str, ttl_s: float, released: bool = False) -> bytes:
+def _pipeline_run() -> str:
+    """The pipeline run this process works for (KLEAR_RUN_ID: on a cluster the pod's pipeline/runid label), or ""."""
+    return os.environ.get(RUN_ID_ENV, "").strip()
+
+
+def _holder_body(run_id: str, ttl_s: float, released: bool = False, task: str = "") -> bytes:
     holder = {"run_id": run_id, "host": socket.gethostname(), "pid": os.getpid(), "pid_space": _pid_space(),
-              "ttl_s": ttl_s, "released": released, "time": _now()}
+              "ttl_s": ttl_s, "released": released, "time": _now(), "pipeline_run": _pipeline_run(), "task": task}
     return json.dumps(holder).encode()
 
 
@@ -418,7 +426,9 @@ def _parse_holder(data: bytes) -> dict[str, Any]:
 
 
 def _busy_message(uri: Uri, holder: dict[str, Any], way_out: str) -> str:
-    who = (f"run {holder.get('run_id', '?')} (host {holder.get('host', '?')}, pid {holder.get('pid', '?')}, "
+    task = (f"pipeline run {holder['pipeline_run']}, " if holder.get("pipeline_run") else "") + (
+        f"{holder['task']}, " if holder.get("task") else "")
+    who = (f"run {holder.get('run_id', '?')} ({task}host {holder.get('host', '?')}, pid {holder.get('pid', '?')}, "
            f"lease taken or renewed {holder.get('time', '?')})")
     return (f"{uri} is being written by another {who}: two runs must not publish to one output. "
             f"Wait for it to finish or choose another output; {way_out}")
@@ -434,11 +444,17 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def _stale_reason(holder: dict[str, Any], age_s: float) -> str | None:
-    """Why an S3 lease may be taken over (None: its holder may still be writing)."""
+def _stale_reason(holder: dict[str, Any], age_s: float, task: str = "") -> str | None:
+    """Why an S3 lease may be taken over (None: its holder may still be writing). `task`: what the claimant does
+    there (a slice, a stage): a holder of the same pipeline run and task is an earlier attempt of the claimant's own
+    task, which KFP retries only once that attempt's pod has failed or been deleted: taken over at once, not after
+    its ttl. If that pod still runs (a deleted pod's grace period), its next renewal finds the lease gone and it
+    publishes nothing (verify)."""
     run_id = holder.get("run_id")
     if holder.get("released"):
         return "its run failed and released it"
+    if task and _pipeline_run() and (holder.get("pipeline_run"), holder.get("task")) == (_pipeline_run(), task):
+        return f"it is an earlier attempt of this task ({task}) in pipeline run {_pipeline_run()}, retried"
     ttl = float(holder.get("ttl_s") or _lease_ttl())
     if age_s > ttl:
         return f"not renewed for {age_s:.0f} s (lease {ttl:.0f} s)"
@@ -587,9 +603,10 @@ class _S3Lease(OutputLease):
     """`<output>/_LEASE.json` created with If-None-Match: *, renewed every ttl/4 by a heartbeat thread with
     If-Match on its ETag; a lease not renewed for its ttl may be taken over (a crashed run's lease expires)."""
 
-    def __init__(self, uri: Uri, run_id: str, etag: str, ttl_s: float, inherited: bool) -> None:
+    def __init__(self, uri: Uri, run_id: str, etag: str, ttl_s: float, inherited: bool, task: str = "") -> None:
         super().__init__(uri, run_id, inherited)
         self.ttl_s = ttl_s
+        self.task = task
         self._etag = etag
         self._lost: str | None = None
         self._lock = threading.Lock()
@@ -618,7 +635,7 @@ class _S3Lease(OutputLease):
         while not self._stop.wait(max(self.ttl_s / 4, 0.2)):
             with self._lock:
                 try:
-                    if not self._put(_holder_body(self.run_id, self.ttl_s)):
+                    if not self._put(_holder_body(self.run_id, self.ttl_s, task=self.task)):
                         self._lost = "another run took the lease over"
                         return
                 except StorageError as exc:
@@ -651,28 +668,28 @@ class _S3Lease(OutputLease):
                     return
                 except StorageError as exc:  # a store without conditional deletes: mark it released instead
                     log.info("%s: conditional delete of the lease refused (%s); marking it released", self.uri, exc)
-                self._put(_holder_body(self.run_id, self.ttl_s, released=True))
+                self._put(_holder_body(self.run_id, self.ttl_s, released=True, task=self.task))
             except (StorageError, FileNotFoundError) as exc:
                 # Do not hide the run's own outcome; an unreleased lease expires after its ttl.
                 log.warning("%s: could not release the lease (it expires in %.0f s): %s", self.uri, self.ttl_s, exc)
 
 
-def _acquire_s3(uri: Uri, run_id: str, ttl_s: float) -> _S3Lease:
+def _acquire_s3(uri: Uri, run_id: str, ttl_s: float, task: str = "") -> _S3Lease:
     key = uri.join(LEASE_NAME)
     client = _client()
-    body = _holder_body(run_id, ttl_s)
+    body = _holder_body(run_id, ttl_s, task=task)
     for _ in range(5):  # each round: the lease changed under us; look again
         put = _conditional(key, "claiming", lambda: client.put_object(
             Bucket=key.bucket, Key=key.path, Body=body, IfNoneMatch="*"))
         if put is not None:
-            return _S3Lease(uri, run_id, put["ETag"], ttl_s, inherited=False)
+            return _S3Lease(uri, run_id, put["ETag"], ttl_s, inherited=False, task=task)
         current = _read_lease_s3(key)
         if current is None:
             continue
         holder, etag, age = current
         if holder.get("run_id") == run_id:  # our own create, retried by botocore after a lost response
-            return _S3Lease(uri, run_id, etag, ttl_s, inherited=False)
-        reason = _stale_reason(holder, age)
+            return _S3Lease(uri, run_id, etag, ttl_s, inherited=False, task=task)
+        reason = _stale_reason(holder, age, task)
         if reason is None:
             ttl = float(holder.get("ttl_s") or ttl_s)
             raise OutputBusyError(_busy_message(
@@ -683,7 +700,7 @@ def _acquire_s3(uri: Uri, run_id: str, ttl_s: float) -> _S3Lease:
             Bucket=key.bucket, Key=key.path, Body=body, IfMatch=etag))  # noqa: B023 (called at once)
         if put is not None:
             log.warning("%s: took over the lease of run %s: %s", uri, holder.get("run_id", "?"), reason)
-            return _S3Lease(uri, run_id, put["ETag"], ttl_s, inherited=True)
+            return _S3Lease(uri, run_id, put["ETag"], ttl_s, inherited=True, task=task)
     raise OutputBusyError(f"{uri}: other runs keep changing its lease; two runs must not publish to one output")
 
 
@@ -695,20 +712,23 @@ def _same_location(a: Uri, b: Uri) -> bool:
 
 
 @contextlib.contextmanager
-def claim_output(output: str | Uri, ttl_s: float | None = None) -> Iterator[OutputLease]:
+def claim_output(output: str | Uri, ttl_s: float | None = None, task: str = "") -> Iterator[OutputLease]:
     """Hold `output` for this run: every `publish_dir` to it inside the block (same thread) publishes under this
     lease; another run claiming or publishing it meanwhile gets OutputBusyError naming it.
 
     Wrap a stage's whole run in it, so a second run fails in its first seconds rather than after the work.
     Re-entrant within one context. On S3 the lease expires `ttl_s` (KLEAR_LEASE_TTL_S, default 120) seconds
-    after a crash; KLEAR_BREAK_LEASE=<run id> takes over a dead run's lease at once."""
+    after a crash; KLEAR_BREAK_LEASE=<run id> takes over a dead run's lease at once. `task` names what this
+    process does there (a slice, a stage): a retry of the same task in the same pipeline run (KLEAR_RUN_ID) takes
+    the lease of its earlier attempt at once (_stale_reason)."""
     loc = Uri.parse(output)
     held = next((lease for lease in _CLAIMS.get() if _same_location(lease.uri, loc)), None)
     if held is not None:
         yield held
         return
     run_id = uuid.uuid4().hex
-    lease: OutputLease = _acquire_s3(loc, run_id, ttl_s or _lease_ttl()) if loc.is_s3 else _acquire_local(loc, run_id)
+    lease: OutputLease = (_acquire_s3(loc, run_id, ttl_s or _lease_ttl(), task) if loc.is_s3
+                          else _acquire_local(loc, run_id))
     token = _CLAIMS.set((*_CLAIMS.get(), lease))
     try:
         yield lease
@@ -890,20 +910,78 @@ class Manifest:
             raise StorageError(f"{origin}: corrupt manifest ({exc})") from None
 
 
+def file_entry(path: Path) -> dict[str, Any]:
+    """A manifest's entry of one file: {"size", "sha256"}."""
+    return {"size": path.stat().st_size, "sha256": sha256_file(path)}
+
+
 def file_entries(root: Path) -> dict[str, dict[str, Any]]:
     """Relative path -> {"size", "sha256"} of every file under `root` (manifests, leases and pending records aside),
     sorted, as a manifest lists them."""
     files = sorted(p for p in root.rglob("*") if p.is_file() and not is_bookkeeping(p.name))
-    return {p.relative_to(root).as_posix(): {"size": p.stat().st_size, "sha256": sha256_file(p)} for p in files}
+    return {p.relative_to(root).as_posix(): file_entry(p) for p in files}
+
+
+def _begin_publish(loc: Uri, lease: OutputLease, stage: str | None, files: Iterable[str]) -> Pending:
+    """Before a publish changes anything in `loc`: its lease still held, no other stage's output there, a pending
+    record naming `files` (what this writer uploads) and what an earlier publish or a crashed run of the stage left,
+    then the earlier manifest deleted, so an overwrite cut short leaves an output that readers refuse and the next
+    run of the stage may replace. Returns what the stage left there (its manifest's files, its pending records)."""
+    lease.verify()  # a run whose lease was taken over during its work must not touch the output
+    _refuse_other_stage(loc, stage, "output")
+    known = _known_files(loc, list_files(loc), stage)
+    note_pending(loc, lease.run_id, stage, files=[*known.files, *files], prefixes=known.prefixes)
+    delete(loc.join(MANIFEST_NAME))
+    return known
+
+
+class StreamedFiles:
+    """Files of one publish uploaded as soon as each is complete, their local copies deleted (a merge's Parquet parts):
+    the output never sits on local disk whole. `publish_dir(..., streamed=)` lists them in the manifest beside the
+    files it uploads itself, with the same entries (size, sha256).
+
+    The first upload begins the publish as publish_dir does (_begin_publish: the earlier manifest goes); from then
+    on, until the manifest, the output is one readers refuse and the next run of the stage may replace. Every file
+    is named in this writer's pending record before it goes up, and each upload checks the lease first: a writer
+    whose lease was taken over stops before it replaces a file of its successor's."""
+
+    def __init__(self, lease: OutputLease, stage: str | None) -> None:
+        self.lease = lease
+        self.stage = stage
+        self.entries: dict[str, dict[str, Any]] = {}  # relative path -> its manifest entry, of the files up
+        self._named: Pending | None = None  # what this writer's pending record names, once begun
+
+    def upload(self, local: Path, rel: str) -> None:
+        """Upload the finished file `local` as `rel` of the output, keep its manifest entry, delete `local`."""
+        loc = self.lease.uri
+        if rel in self.entries:
+            raise StorageError(f"{loc.join(rel)}: already uploaded by this publish; a file goes up once")
+        if is_bookkeeping(rel.rpartition("/")[2]):
+            raise StorageError(f"{loc.join(rel)}: a manifest, lease or pending record's name, never an output's file")
+        if self._named is None:
+            known = _begin_publish(loc, self.lease, self.stage, [rel])
+            self._named = Pending(self.stage, known.files | {rel}, known.prefixes)
+        elif not self._named.covers(rel):
+            self.lease.verify()
+            self._named = Pending(self.stage, self._named.files | {rel}, self._named.prefixes)
+            note_pending(loc, self.lease.run_id, self.stage, files=self._named.files, prefixes=self._named.prefixes)
+        else:
+            self.lease.verify()
+        entry = file_entry(local)
+        upload_file(local, loc.join(rel))
+        self.entries[rel] = entry
+        local.unlink()
 
 
 def publish_dir(local_dir: str | Path, dest: str | Uri, meta: dict[str, Any] | None = None,
-                complete: Callable[[dict[str, dict[str, Any]]], dict[str, dict[str, Any]]] | None = None) -> Manifest:
+                complete: Callable[[dict[str, dict[str, Any]]], dict[str, dict[str, Any]]] | None = None,
+                streamed: StreamedFiles | None = None) -> Manifest:
     """Publish every file under `local_dir` to `dest`, then the manifest, last. Files an earlier publish or a
     crashed run of the same stage left (its manifest or pending records name them) and the new manifest does not
     list are removed; nothing else is (nested outputs, such as checkpoints with their own manifest, stay).
     `complete`, once this writer's files are up, gets their entries and returns what the manifest lists: with
     the files other writers uploaded into `dest` (the other nodes of a multi-node checkpoint); it may wait or raise.
+    `streamed`: the files this publish already uploaded (StreamedFiles, under the same lease), listed too.
 
     Runs under the lease of an enclosing `claim_output(dest)`, else claims `dest` for its own duration: a
     concurrent writer fails with OutputBusyError, never publishes beside this one. A pending record naming every
@@ -913,14 +991,19 @@ def publish_dir(local_dir: str | Path, dest: str | Uri, meta: dict[str, Any] | N
     root = Path(local_dir)
     loc = Uri.parse(dest)
     stage = (meta or {}).get("stage")
-    entries = file_entries(root)
+    local = file_entries(root)
+    up = dict(streamed.entries) if streamed is not None else {}
+    twice = sorted(set(local) & set(up))
+    if twice:
+        raise StorageError(f"{loc}: {some_names(twice)} both uploaded already and staged in {root}")
+    entries = dict(sorted({**local, **up}.items()))
     with claim_output(loc) as lease:  # re-enters the caller's claim when there is one
-        lease.verify()  # a run whose lease was taken over during its work must not touch the output
-        _refuse_other_stage(loc, stage, "output")
-        known = _known_files(loc, list_files(loc), stage)
-        note_pending(loc, lease.run_id, stage, files=[*known.files, *entries], prefixes=known.prefixes)
-        delete(loc.join(MANIFEST_NAME))
-        for rel in entries:
+        if up and streamed is not None and streamed.lease.run_id != lease.run_id:
+            raise LeaseLostError(f"{loc}: its files were uploaded under run {streamed.lease.run_id}'s lease, and "
+                                 f"this publish holds run {lease.run_id}'s; not publishing")
+        # Of a streamed publish, `known` includes this writer's own pending record: the earlier manifest's files.
+        known = _begin_publish(loc, lease, stage, entries)
+        for rel in local:
             upload_file(root / rel, loc.join(rel))
         if complete is not None:
             entries = complete(entries)

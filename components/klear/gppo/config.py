@@ -123,6 +123,8 @@ class GppoConfig(StageConfig, TrackingSettings):
 
     # --- checkpoints and logs ---
     save_steps: int = pydantic.Field(50, ge=1)
+    save_minutes: float = pydantic.Field(30.0, ge=0, description="also checkpoint once this many minutes have passed "
+                                         "since the last checkpoint (0: by save_steps only)")
     keep_checkpoints: int = pydantic.Field(2, ge=1)
     resume: bool = True
     logging_steps: int = pydantic.Field(1, ge=1)

@@ -53,6 +53,7 @@ def judge(
     from klear.judge.report import render_markdown
     from klear.judge.stage import problems_of, run, stage_judge_config
 
+    kfp_io.use_scratch()
     target = kfp_io.output_location(run_root, f"judge-{name}" if name else "judge")
     problem_spec = kfp_io.input_location(problems) if problems is not None else problems_uri or None
     given = None if problem_spec else problems_of(config_of, preset, list(overrides), list(benchmark_uris))

@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from klear.common.config import ConfigError, StageConfig, load_config
+from klear.common.config import ConfigError, StageConfig, config_origins
 from klear.gppo.config import GppoConfig, accumulation_steps
 from klear.plan.shapes import Model
 from klear.sft.config import SftConfig
@@ -37,20 +37,22 @@ class Check:
 
 
 def settings_check(stage: str, cls: type[StageConfig], preset_param: str, preset: Any, overrides_param: str,
-                   overrides: Any) -> tuple[Check, StageConfig | None]:
+                   overrides: Any) -> tuple[Check, StageConfig | None, dict[str, str]]:
     """Whether `preset` + `overrides` load as `cls` (klear.common.config.load_config: unknown keys, types, ranges,
-    the config's own validators), named by the pipeline parameters that hold them. Returns the config if it loads."""
+    the config's own validators), named by the pipeline parameters that hold them. Returns the config if it loads,
+    and where each of its values came from (klear.common.config.config_origins)."""
     where = f"{preset_param}={preset!r} + {overrides_param}={overrides!r}"
     if not isinstance(overrides, list) or not all(isinstance(o, str) for o in overrides):
         return Check(stage, "settings", False, f"{overrides_param}: expected a list of \"key=value\" strings, "
-                     f"got {overrides!r}"), None
+                     f"got {overrides!r}"), None, {}
     if not isinstance(preset, str):
-        return Check(stage, "settings", False, f"{preset_param}: expected a preset name or file, got {preset!r}"), None
+        return (Check(stage, "settings", False, f"{preset_param}: expected a preset name or file, got {preset!r}"),
+                None, {})
     try:
-        config = load_config(cls, preset or None, overrides)
+        config, origins = config_origins(cls, preset or None, overrides)
     except ConfigError as exc:
-        return Check(stage, "settings", False, f"{overrides_param if overrides else preset_param}: {exc}"), None
-    return Check(stage, "settings", True, f"{where}: loads as {cls.__name__}"), config
+        return Check(stage, "settings", False, f"{overrides_param if overrides else preset_param}: {exc}"), None, {}
+    return Check(stage, "settings", True, f"{where}: loads as {cls.__name__}"), config, origins
 
 
 # --------------------------------------------------------------------------- context

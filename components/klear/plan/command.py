@@ -20,9 +20,13 @@ from typing import Any
 import yaml
 
 from klear.cli import STAGES
-from klear.common.config import StageConfig
-from klear.plan import checks, memory, shapes
+from klear.common.config import StageConfig, load_config, origins_lines
+from klear.evaluate.config import EvaluateConfig
+from klear.gppo.config import GppoConfig
+from klear.plan import checks, estimates, memory, pods, shapes
 from klear.plan.checks import PROMPT_BUDGET_TOKENS, Check
+from klear.sample.config import SampleConfig
+from klear.sft.config import SftConfig
 
 COMPILED = Path("pipelines") / "compiled"
 CHART_VALUES = Path("charts") / "klear-reasoner" / "values.yaml"  # the chart's own, where the checkout has it
@@ -31,6 +35,9 @@ DEFAULT_NODES = (1, 2, 4, 8)
 # and the base model whose SFT and RL policies keep its config.json.
 TEACHER, REFERENCE, POLICY = "deepseek-r1-0528", "qwen3-8b", "qwen3-8b-base"
 
+# Single-stage pipelines whose model is, in the recipe, a policy SFT trained (the paper preset's positions), where its
+# config.json cannot be read here.
+TRAINED_POLICY_PIPELINES = ("klear-gppo-math", "klear-gppo-code", "klear-evaluate")
 CONFIGS = {stage: f"klear.{stage.replace('-', '_')}.config" for stage in STAGES}
 CLASSES = {"curate": "CurateConfig", "sample": "SampleConfig", "judge": "JudgeConfig", "sft-data": "SftDataConfig",
            "sft": "SftConfig", "rl-filter": "RlFilterConfig", "gppo": "GppoConfig", "evaluate": "EvaluateConfig"}
@@ -206,27 +213,136 @@ def own_layout(params: Mapping[str, Any], prefix: str) -> tuple[list[int], int] 
     return [nodes], max(count, 1)
 
 
+# --------------------------------------------------------------------------- GPUs at once
+
+# The pipeline parameter sizing each klear-reasoner use's pods (pods.recipe_pods), for the per-pod checks.
+POD_PARAMETERS = {"teacher": "teacher_gpus", "reference": "reference_gpus", "filter-math": "filter_gpus",
+                  "eval-base": "eval_gpus", "sft": "sft_gpus_per_node", "math-rl": "rl_gpus_per_node"}
+# Uses whose engine loads a model of one of the shipped shapes, by the role whose shape it is and the parameter
+# that, when set, makes the use a model rather than an endpoint ("" : always a model).
+MODEL_USES = (("reference", "reference", "reference_gpus", ""), ("eval-base", "policy", "eval_gpus", ""),
+              ("teacher", "teacher", "teacher_gpus", "teacher_model_uri"),
+              ("filter-math", "teacher", "filter_gpus", "filter_model_uri"))
+
+
+def stage_pods(params: Mapping[str, Any]) -> tuple[str, pods.Pods] | None:
+    """A single-stage pipeline's pods: (the GPU parameter, its pods), sampling slices or training nodes."""
+    if "slices" in params and "gpus" in params:
+        return "gpus", pods.Pods("slices", int(params["slices"]), pods.gpu_count(params["gpus"]))
+    if "nodes" in params and "gpus_per_node" in params:
+        return "gpus_per_node", pods.Pods("nodes", int(params["nodes"]), pods.gpu_count(params["gpus_per_node"]))
+    return None
+
+
+def pod_checks(params: Mapping[str, Any], cluster: shapes.Cluster, quota: int,
+               unshipped: Mapping[str, str]) -> list[Check]:
+    """Each pod on one node, a paper-shaped model on a GPU, and the GPUs each phase wants at once against `quota`
+    (0: the cluster's nodes x GPUs per node; neither: not checked)."""
+    quota = quota or cluster.nodes * cluster.gpus_per_node
+    try:
+        if "teacher_slices" in params:
+            uses = pods.recipe_pods(params)
+            phases: Any = pods.RECIPE_PHASES
+            sized = [(param, uses[use]) for use, param in POD_PARAMETERS.items()]
+        elif (single := stage_pods(params)) is not None:
+            uses, phases, sized = {"stage": single[1]}, (("the stage", ("stage",)),), [single]
+        else:
+            return []
+    except (KeyError, ValueError) as exc:
+        return [Check("pipeline", "pods", False, f"the run's pod sizes: {exc}")]
+    found = [pods.pod_fits_node("pipeline", param, use, cluster.gpus_per_node) for param, use in sized]
+    if "teacher_slices" in params:
+        for use, role, param, when in MODEL_USES:
+            if (not when or params.get(when)) and role not in unshipped:
+                model = {"teacher": TEACHER, "reference": REFERENCE, "policy": POLICY}[role]
+                found.append(pods.model_needs_gpu("sample", param, use, uses[use].gpus, model))
+    if not quota:
+        found.append(Check("pipeline", "pods: GPUs at once", True,
+                           f"not checked: cluster {cluster.name} states no nodes and no quota was given"))
+        return found
+    return found + pods.phase_checks(uses, phases, quota)
+
+
+# --------------------------------------------------------------------------- disk
+
+# klear-reasoner's sampling uses whose merges stage rows of paper size: (overrides parameter, the slices parameter,
+# prompts it samples from the assumptions, response fraction of max_tokens, whether a judge merges its rows too).
+def _merged_uses(assumed: estimates.Assumptions) -> tuple[tuple[str, str, int, float, bool], ...]:
+    return (("teacher_overrides", "teacher_slices", assumed.sft_prompts, assumed.teacher_response_fraction, False),
+            ("reference_overrides", "reference_slices", assumed.sft_prompts, assumed.reference_response_fraction,
+             True),
+            ("filter_math_overrides", "filter_math_slices", round(assumed.rl_math_problems / assumed.math_filter_keep),
+             assumed.filter_response_fraction, True),
+            ("filter_code_overrides", "filter_code_slices", round(assumed.rl_code_problems / assumed.code_filter_keep),
+             assumed.filter_response_fraction, True))
+
+
+def disk_checks(configs: Mapping[str, Any], params: Mapping[str, Any], assumed: estimates.Assumptions,
+                unshipped: Mapping[str, str]) -> list[Check]:
+    """Each merge's staging against the merges' scratch volume, at the assumed prompt counts and response lengths
+    (tokens x TEXT_BYTES_PER_TOKEN per row): a sample merge's parts and spill (pods.merge_staging_bytes), a judge
+    merge's whole output twice; and a model folder a slice pod downloads against its scratch (the teacher or
+    filter model given as a folder rather than served)."""
+    found = []
+    for param, slices_param, prompts, fraction, judged in _merged_uses(assumed):
+        config = configs.get(param)
+        if config is None or config.backend == "records" and param != "teacher_overrides":
+            continue
+        rows = (min(prompts, config.max_prompts) if config.max_prompts else prompts) * config.n
+        per_row = pods.TEXT_BYTES_PER_TOKEN * (assumed.prompt_tokens + fraction * config.max_tokens)
+        assumed_rows = (f"{rows:,} rows of ~{per_row / 1024:,.0f} KiB (assumed {prompts:,} prompts, responses "
+                        f"{fraction:g} x max_tokens {config.max_tokens})")
+        given = params.get(slices_param)
+        slices = given if isinstance(given, int) and given > 0 else 1
+        found.append(pods.scratch_check(
+            "sample", f"{param} merge",
+            pods.merge_staging_bytes(rows, per_row, config.rows_per_part, slices, config.shard_size),
+            pods.MERGE_SCRATCH, f"{assumed_rows}: at most 2 parts of rows_per_part {config.rows_per_part:,} + "
+            f"{slices} slices x shard_size {config.shard_size} spilled, each part uploaded as it closes"))
+        if judged:
+            found.append(pods.scratch_check("judge", f"{param} judge merge", pods.judge_merge_bytes(rows, per_row),
+                                            pods.MERGE_SCRATCH, f"{assumed_rows}, judged: staged whole, twice"))
+    teacher = shapes.model(TEACHER)
+    for uri_param in ("teacher_model_uri", "filter_model_uri"):
+        if params.get(uri_param) and "teacher" not in unshipped:
+            size = checks.parameter_count(teacher) * memory.DTYPE_BYTES.get(
+                teacher.checkpoint_dtype or teacher.torch_dtype, 1)
+            found.append(pods.scratch_check(
+                "sample", f"{uri_param} download", size, pods.ENDPOINT_SLICE_SCRATCH,
+                f"{uri_param}: {teacher.name}'s folder ({teacher.checkpoint_dtype or teacher.torch_dtype}) in each "
+                f"slice pod; serve it (the chart's teacher server, an endpoint) rather than download it per slice"))
+    return found
+
+
 # --------------------------------------------------------------------------- the plan
 
 
 def plan(pipeline: str, params: Mapping[str, Any], cluster: shapes.Cluster, values_file: Path | None,
          nodes: list[int] | None, workflow: Mapping[str, int] | None = None,
-         run_layout: bool = False) -> tuple[list[Check], dict[str, Any]]:
+         run_layout: bool = False, gpu_quota: int = 0,
+         assumed: estimates.Assumptions | None = None) -> tuple[list[Check], dict[str, Any]]:
     """Every check of the pipeline's arguments on `cluster`, and the estimates beside them. `workflow`: the compiled
     spec's Workflow size estimate (checks.workflow_size), checked and recorded where given. `run_layout`: the
     training layouts at the run's own nodes and GPUs per node (the pipeline's plan task) instead of the cluster's
-    GPUs at every node count."""
+    GPUs at every node count. `gpu_quota`: the GPUs the run may hold at once (0: the cluster's nodes x GPUs).
+    `assumed`: the data sizes and rates the disk checks and the GPU-hour estimates assume (estimates.Assumptions)."""
+    assumed = assumed or estimates.Assumptions()
     found: list[Check] = []
     configs: dict[str, Any] = {}
+    resolved: dict[str, Any] = {}
     for stage, preset_param, overrides_param in settings_uses(pipeline, params):
-        check, config = checks.settings_check(stage, config_class(stage), preset_param, params[preset_param],
-                                              overrides_param, params[overrides_param])
+        check, config, origins = checks.settings_check(stage, config_class(stage), preset_param,
+                                                       params[preset_param], overrides_param, params[overrides_param])
         found.append(check)
         configs[overrides_param] = config
+        if config is not None:
+            resolved[overrides_param] = {"stage": stage, "config": config, "origins": origins}
 
     teacher, reference, policy = shapes.model(TEACHER), shapes.model(REFERENCE), shapes.model(POLICY)
     unshipped = unshipped_models(params)
     sft = configs.get("sft_overrides")
+    if sft is None and pipeline in TRAINED_POLICY_PIPELINES:  # their model is the recipe's SFT (or RL) output
+        sft = load_config(SftConfig, "paper")
     if sft is not None and sft.max_position_embeddings:  # the trained policy declares what SFT set
         policy = dataclasses.replace(policy, name=f"{policy.name} after sft",
                                      max_position_embeddings=sft.max_position_embeddings)
@@ -254,7 +370,7 @@ def plan(pipeline: str, params: Mapping[str, Any], cluster: shapes.Cluster, valu
                                           "reference_overrides max_tokens", reference.max_position_embeddings,
                                           reference.name))
     for param in ("gppo_math_overrides", "gppo_code_overrides", "overrides"):
-        if isinstance(configs.get(param), checks.GppoConfig):
+        if isinstance(configs.get(param), GppoConfig):
             found.append(checks.gppo_context("gppo", param, configs[param], policy))
     evaluation = configs.get("evaluate_overrides") or (configs.get("overrides") if pipeline.startswith(
         "klear-evaluate") else None)
@@ -269,7 +385,7 @@ def plan(pipeline: str, params: Mapping[str, Any], cluster: shapes.Cluster, valu
     counts = nodes or sorted(set(DEFAULT_NODES) | ({params["rl_nodes"]} if isinstance(params.get("rl_nodes"), int)
                                                    else set()))
     for param in ("gppo_math_overrides", "gppo_code_overrides", "overrides"):
-        if isinstance(configs.get(param), checks.GppoConfig):
+        if isinstance(configs.get(param), GppoConfig):
             own = own_layout(params, "rl_" if "rl_nodes" in params else "") if run_layout else None
             layout = checks.gppo_layout("gppo", param, configs[param], *(own or (counts, cluster.gpus_per_node)))
             if not nodes and params.get("rl_nodes") in counts:  # name the pipeline's own node count
@@ -277,15 +393,17 @@ def plan(pipeline: str, params: Mapping[str, Any], cluster: shapes.Cluster, valu
                                 c.ok, c.detail) for c in layout]
             found.extend(layout)
     for param in ("sft_overrides", "overrides"):
-        if isinstance(configs.get(param), checks.SftConfig):
+        if isinstance(configs.get(param), SftConfig):
             sft_counts = nodes or sorted(set(DEFAULT_NODES) | ({params["sft_nodes"]} if isinstance(
                 params.get("sft_nodes"), int) else set()))
             own = own_layout(params, "sft_" if "sft_nodes" in params else "") if run_layout else None
             found.extend(checks.sft_layout("sft", param, configs[param], *(own or (sft_counts, cluster.gpus_per_node))))
 
+    found.extend(pod_checks(params, cluster, gpu_quota, unshipped))
+    found.extend(disk_checks(configs, params, assumed, unshipped))
     if workflow is not None:
         found.append(checks.workflow_check(workflow))
-    estimates = {
+    found_estimates = {
         "cluster": {"name": cluster.name, "gpus_per_node": cluster.gpus_per_node,
                     "gpu_memory_gib": cluster.gpu_memory_gib},
         "nodes": counts,
@@ -295,22 +413,49 @@ def plan(pipeline: str, params: Mapping[str, Any], cluster: shapes.Cluster, valu
         **({"workflow": dict(workflow)} if workflow is not None else {}),
     }
     # GPU memory per process (klear/plan/memory.py): SFT, the GPPO actor and its vLLM, the sampling engines
-    memory_found, estimates["memory_per_gpu"] = memory.memory_checks(
+    memory_found, found_estimates["memory_per_gpu"] = memory.memory_checks(
         configs, params, cluster, counts, policy, reference, checks.parameter_count(policy),
         checks.parameter_count(reference))
     found.extend(memory_found)
-    return [_unless_unshipped(check, unshipped) for check in found], estimates
+    found_estimates["gpu_hours"] = gpu_hours(pipeline, configs, params, cluster, policy, reference, teacher, assumed)
+    found_estimates["configurations"] = resolved  # rendered by render_text / configurations_json
+    return [_unless_unshipped(check, unshipped) for check in found], found_estimates
+
+
+def gpu_hours(pipeline: str, configs: Mapping[str, Any], params: Mapping[str, Any], cluster: shapes.Cluster,
+              policy: shapes.Model, reference: shapes.Model, teacher: shapes.Model,
+              assumed: estimates.Assumptions) -> dict[str, Any]:
+    """Tokens and GPU-hours per stage (klear.plan.estimates) of the configs the pipeline loads: the recipe's by
+    overrides parameter, a single-stage pipeline's by its config's type; {"not estimated": why} on a cluster
+    without throughput figures."""
+    single = configs.get("overrides")
+    sampling = single if isinstance(single, SampleConfig) else None
+    gppo = single if isinstance(single, GppoConfig) else None
+    try:
+        return estimates.estimate(
+            policy=policy, reference_model=reference, teacher_model=teacher, cluster=cluster,
+            teacher=configs.get("teacher_overrides") or sampling, reference=configs.get("reference_overrides"),
+            filter_math=configs.get("filter_math_overrides"), filter_code=configs.get("filter_code_overrides"),
+            sft=configs.get("sft_overrides") or (single if isinstance(single, SftConfig) else None),
+            gppo_math=configs.get("gppo_math_overrides") or (gppo if pipeline.endswith("-math") else None),
+            gppo_code=configs.get("gppo_code_overrides") or (gppo if pipeline.endswith("-code") else None),
+            evaluation=configs.get("evaluate_overrides") or (single if isinstance(single, EvaluateConfig) else None),
+            evaluated_models=("base", "sft", "rl") if "evaluate_overrides" in configs else ("model",),
+            evaluate_code=bool(params.get("evaluate_code")), assumptions=assumed)
+    except ValueError as exc:
+        return {"not estimated": str(exc)}
 
 
 class PlanFailed(RuntimeError):
     """A run's plan has failed checks: raised by the pipeline's plan task, failing the run before any stage."""
 
 
-def run_plan(pipeline: str, params: Mapping[str, Any], cluster: str) -> str:
+def run_plan(pipeline: str, params: Mapping[str, Any], cluster: str, gpu_quota: int = 0) -> str:
     """The plan of a run from its arguments (no compiled file, no chart values), its training layouts at the run's
     own nodes and GPUs: the table, or PlanFailed naming every failed check's stage, check and detail."""
-    found, estimates = plan(pipeline, params, shapes.cluster(cluster), None, None, run_layout=True)
-    table = render_text(found, estimates)
+    found, figures = plan(pipeline, params, shapes.cluster(cluster), None, None, run_layout=True,
+                          gpu_quota=gpu_quota)
+    table = render_text(found, figures)
     print(table, end="", flush=True)
     failed = [c for c in found if not c.ok]
     if failed:
@@ -319,16 +464,40 @@ def run_plan(pipeline: str, params: Mapping[str, Any], cluster: str) -> str:
     return table
 
 
-def render_text(found: list[Check], estimates: Mapping[str, Any]) -> str:
-    """An aligned table: stage, check, ok / FAIL, detail; then the estimates."""
+def configurations_json(resolved: Mapping[str, Any]) -> dict[str, Any]:
+    """Each loaded config by its overrides parameter: stage, values (as JSON) and where each came from."""
+    return {param: {"stage": entry["stage"], "values": entry["config"].model_dump(mode="json"),
+                    "origins": entry["origins"]} for param, entry in resolved.items()}
+
+
+def render_configurations(resolved: Mapping[str, Any]) -> str:
+    """Every resolved config, key = value (where it came from), a block per overrides parameter."""
+    blocks = []
+    for param, entry in resolved.items():
+        lines = origins_lines(entry["config"], entry["origins"])
+        blocks.append(f"== {entry['stage']}: {param} ({type(entry['config']).__name__})\n"
+                      + "\n".join(f"   {line}" for line in lines))
+    return "\n".join(blocks) + "\n\n" if blocks else ""
+
+
+def render_text(found: list[Check], figures: Mapping[str, Any]) -> str:
+    """Every resolved config with its values' origins; an aligned table: stage, check, ok / FAIL, detail; the
+    tokens and GPU-hours per stage; then the other estimates."""
+    figures = dict(figures)
+    configurations = render_configurations(figures.pop("configurations", {}))
+    hours = figures.pop("gpu_hours", {})
     rows = [("STAGE", "CHECK", "OK", "DETAIL")] + [(c.stage, c.check, "ok" if c.ok else "FAIL", c.detail)
                                                    for c in found]
     widths = [max(len(row[i]) for row in rows) for i in range(3)]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(row[:3], widths)) + "  " + row[3] for row in rows]
     failed = sum(not c.ok for c in found)
     lines.append(f"\n{len(found) - failed} of {len(found)} checks pass" + (f"; {failed} FAIL" if failed else ""))
-    lines += [f"{key}: {json.dumps(value)}" for key, value in estimates.items()]
-    return "\n".join(lines) + "\n"
+    if hours.get("rows"):
+        lines.append("\n" + estimates.render_estimates(hours).rstrip("\n") + "\n")
+    elif hours:
+        lines.append(f"\ngpu_hours: {json.dumps(hours)}")
+    lines += [f"{key}: {json.dumps(value)}" for key, value in figures.items()]
+    return configurations + "\n".join(lines) + "\n"
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -343,6 +512,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         help=f"the chart values the teacher server runs with (default: {CHART_VALUES} if here)")
     parser.add_argument("--nodes", default="", help="node counts for the training layouts, e.g. 1,2,4,8 "
                         f"(default: {','.join(map(str, DEFAULT_NODES))} and the pipeline's rl_nodes)")
+    parser.add_argument("--gpu-quota", type=int, default=0, metavar="GPUS",
+                        help="the GPUs the run may hold at once (default: the cluster shape's nodes x GPUs per node)")
+    parser.add_argument("--prompts", type=int, default=0, metavar="N",
+                        help="curated prompts the teacher and reference sample, for the disk checks and GPU-hour "
+                        f"estimates (default: assumed {estimates.Assumptions().sft_prompts:,})")
     parser.add_argument("--format", choices=("text", "json"), default="text")
     parser.set_defaults(func=_main)
 
@@ -368,10 +542,16 @@ def _main(args: argparse.Namespace) -> int:
     if values is not None and not values.is_file():
         raise ValueError(f"--values {values}: no such file")
     workflow = checks.workflow_size(documents[0], documents[1] if len(documents) > 1 else None)
-    found, estimates = plan(name, params, shapes.cluster(args.cluster), values, _nodes(args.nodes),
-                            workflow=workflow)
+    if args.gpu_quota < 0 or args.prompts < 0:
+        raise ValueError(f"--gpu-quota {args.gpu_quota} / --prompts {args.prompts}: counts are 0 or more")
+    assumed = dataclasses.replace(estimates.Assumptions(), sft_prompts=args.prompts) if args.prompts else None
+    found, figures = plan(name, params, shapes.cluster(args.cluster), values, _nodes(args.nodes),
+                          workflow=workflow, gpu_quota=args.gpu_quota or int(params.get("plan_gpu_quota") or 0),
+                          assumed=assumed)
     if args.format == "json":
-        print(json.dumps({"pipeline": name, "checks": [c.to_json() for c in found], "estimates": estimates}, indent=2))
+        configurations = configurations_json(figures.pop("configurations", {}))
+        print(json.dumps({"pipeline": name, "checks": [c.to_json() for c in found], "estimates": figures,
+                          "configurations": configurations}, indent=2))
     else:
-        print(render_text(found, estimates), end="")
+        print(render_text(found, figures), end="")
     return 0 if all(c.ok for c in found) else 1

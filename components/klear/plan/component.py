@@ -40,6 +40,18 @@ def plan_run(
     sft_gpus_per_node: str,
     rl_nodes: int,
     rl_gpus_per_node: str,
+    filter_model_uri: str = "",
+    teacher_gpus: str = "0",
+    reference_gpus: str = "1",
+    filter_gpus: str = "0",
+    eval_gpus: str = "1",
+    teacher_slices: int = 1,
+    reference_slices: int = 1,
+    filter_math_slices: int = 1,
+    filter_code_slices: int = 1,
+    eval_slices: int = 1,
+    evaluate_code: bool = False,
+    gpu_quota: int = 0,
 ) -> str:
     """Every settings, context and layout check of `klear plan klear-reasoner` on this run's arguments; raises
     (failing the run) with each failed check's stage, check and detail, else returns the table.
@@ -74,8 +86,55 @@ def plan_run(
         sft_gpus_per_node: GPUs per SFT node ("0": one process on CPU).
         rl_nodes: Training nodes of each RL run (its layout is checked at this count).
         rl_gpus_per_node: GPUs per RL node ("0": one process on CPU).
+        filter_model_uri: The RL filter model as a model folder, or "" (an endpoint).
+        teacher_gpus: GPUs of each teacher sampling pod.
+        reference_gpus: GPUs of each reference sampling pod.
+        filter_gpus: GPUs of each filter-model sampling pod.
+        eval_gpus: GPUs of each evaluation sampling pod.
+        teacher_slices: Teacher sampling pods.
+        reference_slices: Reference sampling pods.
+        filter_math_slices: Filter-model sampling pods of the math problems.
+        filter_code_slices: Filter-model sampling pods of the code problems.
+        eval_slices: Sampling pods of each evaluation.
+        evaluate_code: Whether LiveCodeBench is sampled too (more evaluation pods).
+        gpu_quota: The GPUs the run may hold at once; 0: the cluster shape's nodes x GPUs.
     """
     params = dict(locals())  # first: the run's arguments by their pipeline parameter names
     from klear.plan.command import run_plan
 
-    return run_plan("klear-reasoner", params, params.pop("cluster"))
+    return run_plan("klear-reasoner", params, params.pop("cluster"), params.pop("gpu_quota"))
+
+
+@dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
+def plan_stage(
+    pipeline: str,
+    cluster: str,
+    preset: str,
+    overrides: list,
+    model_uri: str = "",
+    gpus: str = "0",
+    slices: int = 1,
+    nodes: int = 1,
+    gpus_per_node: str = "0",
+    gpu_quota: int = 0,
+) -> str:
+    """The checks of `klear plan` for a single-stage pipeline on this run's arguments: its settings, and as the
+    stage has them its contexts, GPU memory, training layout and pods; raises (failing the run) on a failed check.
+
+    Args:
+        pipeline: The single-stage pipeline (klear-sft, klear-gppo-math, klear-evaluate, ...).
+        cluster: A shipped node shape (h100-80gb-x8, h200-141gb-x8) the run is planned on.
+        preset: The stage's config.
+        overrides: The stage's config overrides.
+        model_uri: The model the stage reads (its shape, where readable).
+        gpus: GPUs of each sampling pod (sampling stages).
+        slices: Sampling pods (sampling stages).
+        nodes: Training nodes (training stages).
+        gpus_per_node: GPUs per training node (training stages).
+        gpu_quota: The GPUs the run may hold at once; 0: the cluster shape's nodes x GPUs.
+    """
+    params = dict(locals())
+    from klear.plan.command import run_plan
+
+    params.pop("pipeline"), params.pop("cluster"), params.pop("gpu_quota")
+    return run_plan(pipeline, params, cluster, gpu_quota)

@@ -18,17 +18,22 @@ from klear.plan import checks
 from klear.plan.checks import Check
 from klear.plan.shapes import Cluster, Model
 from klear.sft.config import SftConfig
+from klear.training.hf_model import resolve_attention
 
 GIB = 1024 ** 3
 MARGIN = 0.9  # of the GPU's memory, for what the estimate leaves out
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
-# The GPU image's lock (docker/locks/gpu.txt) has no flash-attn: attn_implementation "auto" resolves to sdpa there
-# (klear.training.hf_model.attention). tests/plan/test_memory.py holds this against the lock.
+# The GPU image's lock (docker/locks/gpu.txt) has no flash-attn: attn_implementation "auto" resolves to flex_attention
+# for packed rows there, else sdpa (klear.training.hf_model.resolve_attention). tests/plan/test_memory.py holds this
+# against the lock.
 GPU_IMAGE_HAS_FLASH_ATTN = False
 # TRL's fused LM head (trl/kernels/chunked_logprob.py TOKEN_CHUNK_SIZE; trl/trainer/utils.py
 # _CHUNKED_LOGPROB_CHUNK_SIZE), used by both SFTTrainer and GRPOTrainer at the lock's trl 1.16: logits live one tile
 # of tokens x vocabulary columns at a time, never as a whole.
 HEAD_TILE_TOKENS, HEAD_TILE_VOCAB = 4096, 32768
+# FlexAttention's block of query and key tokens (torch/nn/attention/flex_attention.py _DEFAULT_SPARSE_BLOCK_SIZE),
+# the BlockMask's unit: transformers builds its masks at the default.
+FLEX_BLOCK = 128
 
 
 def gib(size: float) -> float:
@@ -64,44 +69,77 @@ def ddp_model_states_bytes(total_params: int) -> int:
 # --------------------------------------------------------------------------- activations
 
 
-def layer_activation_bytes(model: Model, tokens: int, dtype_bytes: int) -> int:
+def layer_activation_bytes(model: Model, tokens: int, dtype_bytes: int, repeated_kv: bool = False) -> int:
     """One decoder layer's saved activations for `tokens` tokens: Korthikanti et al. 2022 ("Reducing Activation
-    Recomputation in Large Transformer Models", §4.1: 34·s·b·h bytes for GPT) counted tensor by tensor for a
-    pre-norm SwiGLU decoder with grouped-query attention and no dropout: attention block: norm input, QKV input
-    (h each), Q and the attention output (heads x head_dim each), K and V (kv_heads x head_dim each); MLP block:
-    norm input, gate/up input (h each), gate, up, act(gate) and the product fed to down_proj (intermediate each).
-    The attention scores are not here (attention_bytes)."""
+    Recomputation in Large Transformer Models", §4.1: 34·s·b·h bytes for GPT) counted tensor by tensor as
+    transformers' Qwen3 decoder layer keeps them for its backward (transformers/models/qwen3/modeling_qwen3.py; the
+    GPU image has no fused norm or MLP kernels), no dropout. Each RMSNorm (the layer's two, and Qwen3's per-head
+    q_norm and k_norm: widths h, h, heads x head_dim, kv_heads x head_dim) keeps its input upcast to fp32 and its
+    normalized input in the training dtype (Qwen3RMSNorm.forward: the fp32 copy feeds pow and the product with rsqrt,
+    the weight multiplies the normalized copy); the projections keep their inputs (QKV and gate/up: h each); the
+    attention kernel keeps the rotated Q, K and V and its output (Q and the output heads x head_dim, K and V
+    kv_heads x head_dim, or heads x head_dim where they reach the kernel repeated: repeats_kv); the MLP keeps gate,
+    up, act(gate) and the product fed to down_proj (intermediate each). Per-token scalars (the norms' rsqrt, the
+    kernel's logsumexp) are left out, and the attention scores are not here (attention_bytes).
+    tests/plan/test_memory_measured.py holds this against the storages a real forward saves."""
+    h = model.hidden_size
     q = model.num_attention_heads * model.head_dim
     kv = model.num_key_value_heads * model.head_dim
-    per_token = 4 * model.hidden_size + 2 * q + 2 * kv + 4 * model.intermediate_size
-    return tokens * per_token * dtype_bytes
+    kernel_kv = q if repeated_kv else kv
+    norms = (4 + dtype_bytes) * (2 * h + q + kv)
+    kept = dtype_bytes * (2 * h + 2 * q + 2 * kernel_kv + 4 * model.intermediate_size)
+    return tokens * (norms + kept)
 
 
-def activation_bytes(model: Model, tokens: int, dtype_bytes: int, checkpointing: bool) -> dict[str, int]:
+def repeats_kv(implementation: str, model: Model, masked: bool) -> bool:
+    """Whether K and V reach the attention kernel repeated to every query head, and are kept so for its backward:
+    transformers' eager path always (models/qwen3/modeling_qwen3.py eager_attention_forward, repeat_kv); its sdpa
+    path whenever a mask is passed (integrations/sdpa_attention.py use_gqa_in_sdpa: PyTorch's own grouped-query
+    attention only without one); its flex path when the query heads are not a power of two
+    (integrations/flex_attention.py); flash-attn takes grouped-query attention as it is."""
+    heads = model.num_attention_heads
+    if implementation == "eager":
+        return True
+    if implementation == "sdpa":
+        return masked
+    return implementation == "flex_attention" and heads & (heads - 1) != 0
+
+
+def activation_bytes(model: Model, tokens: int, dtype_bytes: int, checkpointing: bool,
+                     repeated_kv: bool = False) -> dict[str, int]:
     """Saved activations of a forward and backward. With full activation checkpointing (Korthikanti et al. 2022
     §4.2, "full recomputation"): each layer's input (tokens x hidden) kept, plus one layer's activations while it is
     recomputed for its backward; without: every layer's activations."""
-    layer = layer_activation_bytes(model, tokens, dtype_bytes)
+    layer = layer_activation_bytes(model, tokens, dtype_bytes, repeated_kv)
     if checkpointing:
         return {"checkpoints": model.num_hidden_layers * tokens * model.hidden_size * dtype_bytes,
                 "recomputed layer": layer}
     return {"layers": model.num_hidden_layers * layer}
 
 
-def attention_implementation(choice: str) -> str:
-    """What "auto" becomes in the GPU image (klear.training.hf_model.attention: flash_attention_2 where flash-attn is
-    installed, else sdpa)."""
-    if choice != "auto":
-        return choice
-    return "flash_attention_2" if GPU_IMAGE_HAS_FLASH_ATTN else "sdpa"
+def attention_implementation(choice: str, packed: bool = False) -> str:
+    """What "auto" becomes in the GPU image, on its CUDA devices (klear.training.hf_model.resolve_attention:
+    flash_attention_2 where flash-attn is installed, else flex_attention for packed rows, else sdpa)."""
+    return resolve_attention(choice, packed, GPU_IMAGE_HAS_FLASH_ATTN, cuda=True)
+
+
+def flex_block_mask_bytes(length: int) -> int:
+    """One row's BlockMask (torch/nn/attention/flex_attention.py BlockMask): int32 block indices of n = ceil(L /
+    FLEX_BLOCK) query blocks by n key blocks, four of them (partial and full blocks, and their transposes for the
+    backward), and four per-block counts of n."""
+    blocks = -(-length // FLEX_BLOCK)
+    return 4 * 4 * blocks * (blocks + 1)
 
 
 def attention_bytes(implementation: str, model: Model, rows: int, length: int, dtype_bytes: int, masked: bool,
                     checkpointing: bool) -> int:
     """The L x L memory of attention for `rows` sequences of `length` tokens. flash_attention_2: none (varlen
-    kernels take packed rows by position ids). sdpa with a mask (packed rows, or padded ones): transformers builds a
-    dense boolean mask rows x L x L (transformers/masking_utils.py sdpa_mask: no is_causal shortcut once rows are
-    packed or padded), and PyTorch converts it to the query's dtype for the memory-efficient kernel
+    kernels take packed rows by position ids). flex_attention: one BlockMask per row, built once per forward from the
+    position ids or the padding and shared by every layer (transformers/masking_utils.py flex_attention_mask, the
+    mask built compiled, never whole; flex_block_mask_bytes), its kernels computing only the blocks it lists
+    (torch/nn/attention/flex_attention.py BlockMask). sdpa with a mask (packed rows, or padded ones): transformers
+    builds a dense boolean mask rows x L x L (transformers/masking_utils.py sdpa_mask: no is_causal shortcut once rows
+    are packed or padded), and PyTorch converts it to the query's dtype for the memory-efficient kernel
     (aten/src/ATen/native/transformers/attention.cpp, convert_boolean_attn_mask), kept for the backward of each
     layer whose activations are live. sdpa without a mask: none (is_causal). eager: the scores and their softmax
     per head (Korthikanti et al. 2022 §4.1: the 5·a·s²·b term, without dropout), per live layer."""
@@ -109,17 +147,21 @@ def attention_bytes(implementation: str, model: Model, rows: int, length: int, d
     live_layers = 1 if checkpointing else model.num_hidden_layers
     if implementation == "flash_attention_2":
         return 0
+    if implementation == "flex_attention":
+        return rows * flex_block_mask_bytes(length)
     if implementation == "sdpa":
         return square + live_layers * square * dtype_bytes if masked else 0
     return square + live_layers * 2 * model.num_attention_heads * square * dtype_bytes
 
 
-def loss_head_bytes(model: Model, tokens: int) -> int:
-    """TRL's fused LM head (trl/kernels/chunked_logprob.py ChunkedLogProbFunction: one fp32 tile of
-    HEAD_TILE_TOKENS tokens x HEAD_TILE_VOCAB vocabulary columns at a time, the backward turning it into the logits
-    gradient in place and accumulating the hidden-state and weight gradients in fp32): the tile, plus tokens x hidden
-    and vocab x hidden fp32 gradients. Not tokens x vocab: the whole logits are never materialized."""
-    tile = min(tokens, HEAD_TILE_TOKENS) * min(model.vocab_size, HEAD_TILE_VOCAB) * 4
+def loss_head_bytes(model: Model, tokens: int, dtype_bytes: int) -> int:
+    """TRL's fused LM head (trl/kernels/chunked_logprob.py ChunkedLogProbFunction: one tile of HEAD_TILE_TOKENS
+    tokens x HEAD_TILE_VOCAB vocabulary columns at a time, the backward turning it into the logits gradient in place
+    and accumulating the hidden-state and weight gradients in fp32): the tile, allocated HEAD_TILE_VOCAB wide
+    whatever the vocabulary and in the compute dtype (mm_buf = torch.empty((min(N, TOKEN_CHUNK_SIZE), chunk_size),
+    dtype=compute_dtype): the training dtype), plus tokens x hidden and vocab x hidden fp32 gradients. Not tokens x
+    vocab: the whole logits are never materialized."""
+    tile = min(tokens, HEAD_TILE_TOKENS) * HEAD_TILE_VOCAB * dtype_bytes
     return tile + tokens * model.hidden_size * 4 + model.vocab_size * model.hidden_size * 4
 
 
@@ -178,14 +220,18 @@ def sft_memory(param: str, config: SftConfig, model: Model, total: int, cluster:
     gpus = nodes * cluster.gpus_per_node
     dtype = 2 if config.bf16 else 4
     tokens = config.per_device_batch_size * config.max_length
-    implementation = attention_implementation(config.attn_implementation)
+    implementation = attention_implementation(config.attn_implementation, config.packing)
     parts = _model_states(total, model, config.deepspeed, gpus)
-    parts |= {f"activations ({k})": v for k, v in activation_bytes(model, tokens, dtype,
-                                                                     config.gradient_checkpointing).items()}
+    # Packing is padding-free (klear.sft.stage: padding_free=packing): TRL's collator concatenates the micro-batch's
+    # rows into one sequence of per_device_batch_size x max_length tokens (trl/trainer/sft_trainer.py,
+    # DataCollatorForLanguageModeling: "flatten everything into a single sequence"), so one mask of that length.
+    rows, length = (1, tokens) if config.packing else (config.per_device_batch_size, config.max_length)
+    repeated = repeats_kv(implementation, model, config.packing)
+    parts |= {f"activations ({k})": v for k, v in activation_bytes(model, tokens, dtype, config.gradient_checkpointing,
+                                                                     repeated).items()}
     parts[f"attention ({implementation}, {'packed' if config.packing else 'unpacked'})"] = attention_bytes(
-        implementation, model, config.per_device_batch_size, config.max_length, dtype, config.packing,
-        config.gradient_checkpointing)
-    parts["fused LM head"] = loss_head_bytes(model, tokens)
+        implementation, model, rows, length, dtype, config.packing, config.gradient_checkpointing)
+    parts["fused LM head"] = loss_head_bytes(model, tokens, dtype)
     limit = MARGIN * cluster.gpu_memory_gib * GIB
     need = sum(parts.values())
     settings = (f"{param}: per_device_batch_size {config.per_device_batch_size} x max_length {config.max_length} "
@@ -212,11 +258,11 @@ def gppo_memory(param: str, config: GppoConfig, model: Model, total: int, cluste
     colocated = config.use_vllm and config.vllm_mode == "colocate"
     share = config.vllm_gpu_memory_utilization * cluster.gpu_memory_gib * GIB if colocated else 0.0
     parts = _model_states(total, model, config.deepspeed, gpus)
-    parts |= {f"activations ({k})": v for k, v in activation_bytes(model, tokens, dtype,
-                                                                     config.gradient_checkpointing).items()}
+    parts |= {f"activations ({k})": v for k, v in activation_bytes(model, tokens, dtype, config.gradient_checkpointing,
+                                                                     repeats_kv(implementation, model, True)).items()}
     parts[f"attention ({implementation}, padded)"] = attention_bytes(
         implementation, model, config.per_device_batch_size, length, dtype, True, config.gradient_checkpointing)
-    parts["fused LM head"] = loss_head_bytes(model, config.per_device_batch_size * config.max_completion_length)
+    parts["fused LM head"] = loss_head_bytes(model, config.per_device_batch_size * config.max_completion_length, dtype)
     asleep = colocated and config.vllm_enable_sleep_mode
     limit = MARGIN * cluster.gpu_memory_gib * GIB - (0.0 if asleep else share)
     need = sum(parts.values())
@@ -292,18 +338,19 @@ def memory_checks(configs: Mapping[str, Any], params: Mapping[str, Any], cluster
             gppo, estimate = gppo_memory(param, config, policy, policy_total, cluster, fewest)
             found.extend(gppo)
             estimates[f"gppo {param}"] = estimate
-    pod = _pod_gpus(params.get("sample_gpus"), cluster.gpus_per_node)
     engines = []
     if configs.get("reference_overrides") is not None:
         engines.append(("sample", "reference_overrides", configs["reference_overrides"], reference, reference_total,
-                        reference.max_position_embeddings))
+                        reference.max_position_embeddings, "reference_gpus"))
     for param, config in configs.items():
         if isinstance(config, EvaluateConfig):  # evaluate_overrides, or a single-stage pipeline's overrides
             sampling = config.sampling_for(1)
             positions = checks.model_positions(policy, sampling.engine_kwargs.get("hf_overrides"))
-            engines.append(("evaluate", param, sampling, policy, policy_total, positions))
-    for stage, param, sampling, model, total, positions in engines:
+            engines.append(("evaluate", param, sampling, policy, policy_total, positions,
+                            "eval_gpus" if param == "evaluate_overrides" else "gpus"))
+    for stage, param, sampling, model, total, positions, pod_param in engines:
         length = sampling.max_model_len or positions
+        pod = _pod_gpus(params.get(pod_param), cluster.gpus_per_node)
         check, estimate = engine_memory(stage, param, model, total, cluster, engine_tensor_parallel(sampling, pod),
                                         sampling.gpu_memory_utilization, length,
                                         "max_model_len" if sampling.max_model_len else f"{model.name}'s positions")

@@ -14,7 +14,8 @@ SHAPES = "shapes"
 
 @dataclass(frozen=True)
 class Cluster:
-    """One kind of GPU node: its GPUs and their memory, CPUs, memory and local disk."""
+    """One kind of GPU node: its GPUs and their memory, CPUs, memory and local disk; and how many of them the run
+    may use at once (0: not stated, the GPUs at once are not checked)."""
 
     name: str
     gpus_per_node: int
@@ -22,6 +23,7 @@ class Cluster:
     cpus: int
     memory_gib: float
     local_disk_gib: float
+    nodes: int = 0
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,7 @@ class Model:
     n_shared_experts: int = 0
     num_experts_per_tok: int = 0
     first_k_dense_replace: int = 0
+    checkpoint_dtype: str = ""  # the stored weights' dtype where it is not torch_dtype (DeepSeek-R1's FP8)
 
 
 def shipped(kind: str) -> list[str]:

@@ -59,6 +59,7 @@ def sample(
 
     extra = [f"api_key_env={api_key_env}"] if api_key_env else []
     config = load_config(SampleConfig, preset, [*overrides, *extra])
+    kfp_io.use_scratch()
     target = kfp_io.output_location(run_root, f"sample-{name}" if name else "sample")
     report = run([kfp_io.input_location(prompts)], target, config,
                  model=(kfp_io.input_location(model) if model is not None else model_uri or None) if not endpoint else None,
@@ -119,6 +120,7 @@ def sample_slice(
 
     extra = [f"api_key_env={api_key_env}"] if api_key_env else []
     config = load_config(SampleConfig, preset, [*overrides, *extra])
+    kfp_io.use_scratch()
     target = kfp_io.output_location(run_root, f"sample-{name}" if name else "sample")
     logging.getLogger("klear.sample").info("slice %s of %s on a pod of %s GPUs, %s CPU, %s memory", part, target,
                                            gpus or "?", cpu or "?", memory or "?")

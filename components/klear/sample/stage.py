@@ -20,6 +20,10 @@ max_failed_fraction) the stage publishes, manifest last:
     failed/part-*.parquet    units that failed every attempt: id, sample, error_kind, error, attempts
     report.json, report.md   settings, backend, versions, counts, failures by kind, tokens, speed
 
+Each samples/ part is uploaded as soon as it is written and deleted locally (the manifest still goes last), so
+publishing holds a part or two on local disk, not the output; a publish cut short leaves no manifest (readers
+refuse the output) and the next run replaces what it uploaded.
+
 Over many pods: `--slice I/N` samples only the prompts whose id hashes into slice I of N (units.slice_of) into
 the work area every slice of the run shares, records the slice's failed units in <work>/slices/I-of-N/ and
 publishes nothing (one pod per slice: its lease is that folder). `--merge`, with the same flags, samples
@@ -369,14 +373,31 @@ def assemble(area: WorkArea, names: Sequence[str], wanted: dict[tuple[str, int],
 
 
 def write_in_order(area: WorkArea, chosen: Chosen, staging: Path, rows_per_part: int, bucket_rows: int = BUCKET_ROWS,
-                   memory_bytes: int = ASSEMBLY_MEMORY, threads: int = 8) -> Assembled:
+                   memory_bytes: int = ASSEMBLY_MEMORY, threads: int = 8,
+                   ship: Callable[[Path], None] | None = None) -> Assembled:
     """Write the output's samples/ from the shards in output order (prompt order, then sample index), each
     chosen copy once: the same rows in the same order whatever number of slices, pods or restarts wrote them.
     Streaming: each shard is read once, in the order of its first position, its rows go to buckets of
     `bucket_rows` consecutive positions, and a bucket is written as soon as all its rows are in; buckets held
-    past `memory_bytes` spill to local Arrow files until their turn."""
+    past `memory_bytes` spill to local Arrow files until their turn, each file deleted when its bucket is written.
+    `ship(path)`, given, takes each part as soon as it is closed (Publication.ship uploads and deletes it).
+
+    Local disk at once, shipped: the part being written and the one going up, plus the spill. The spill holds the
+    rows read ahead of the output's frontier (the first position of the next shard to read) beyond those kept in
+    memory (`memory_bytes` / 2 to `memory_bytes`): shards written in output order, as slices and restarts write
+    them, put about one shard per writer ahead of the frontier, so about slices x shard_size rows (plus units
+    retried out of order), never more than the output."""
     writer = ParquetShardWriter(staging / "samples", "part", SCHEMA, rows_per_part, row_group_rows=4096,
                                 dictionary_columns=("model", "finish_reason", "source"))
+    shipped = 0  # parts of `writer` handed to `ship`
+
+    def ship_closed(every: bool) -> None:
+        nonlocal shipped
+        closed = len(writer.shards) - (0 if every else 1)  # after a write, all but the last part are closed
+        while ship is not None and shipped < closed:
+            ship(writer.shards[shipped])
+            shipped += 1
+
     result = Assembled(dropped=chosen.dropped, chosen=chosen)
     positions = chosen.positions
     buckets = int(positions[-1]) // bucket_rows + 1 if len(positions) else 0
@@ -395,7 +416,10 @@ def write_in_order(area: WorkArea, chosen: Chosen, staging: Path, rows_per_part:
         return table.select(SCHEMA.names).cast(SCHEMA).append_column(_POSITION, pa.array(positions[rows]))
 
     def emit(k: int) -> None:
-        tables = [pa.ipc.open_file(pa.memory_map(str(path))).read_all() for path in spilled.pop(k, [])]
+        tables = []
+        for path in spilled.pop(k, []):
+            tables.append(pa.ipc.open_file(pa.memory_map(str(path))).read_all())
+            path.unlink()  # its disk is freed once the table (mapped) is written: the spill holds waiting rows only
         tables += held.pop(k, [])
         held_bytes.pop(k, None)
         if not tables:
@@ -403,7 +427,9 @@ def write_in_order(area: WorkArea, chosen: Chosen, staging: Path, rows_per_part:
         table = pa.concat_tables(tables)
         order = np.argsort(np.asarray(table.column(_POSITION)), kind="stable")
         table = table.take(pa.array(order)).drop_columns([_POSITION])
-        writer.write(table)
+        for start in range(0, table.num_rows, rows_per_part):  # parts smaller than a bucket: each shipped in turn
+            writer.write(table.slice(start, rows_per_part))
+            ship_closed(every=False)
         for counter, column in ((result.finish_reasons, "finish_reason"), (result.models, "model")):
             counter.update({v["values"]: v["counts"] for v in pc.value_counts(table.column(column)).to_pylist()})
         result.prompt_tokens += int(pc.sum(table.column("prompt_tokens")).as_py() or 0)
@@ -440,6 +466,7 @@ def write_in_order(area: WorkArea, chosen: Chosen, staging: Path, rows_per_part:
             emit(next_bucket)
             next_bucket += 1
     writer.close()
+    ship_closed(every=True)
     result.rows = writer.rows
     return result
 
@@ -584,7 +611,7 @@ def run(prompts: Sequence[str], output: str, config: SampleConfig, model: str | 
         if not too_many:
             chosen = choose(plan, area.scan())
             duplicates = chosen.duplicates
-            assembled = write_in_order(area, chosen, staging, config.rows_per_part)
+            assembled = write_in_order(area, chosen, staging, config.rows_per_part, ship=publication.ship)
             failed_at = positions_of(plan, [(c.request.prompt.id, c.request.sample, c.request.prompt.hash)
                                             for c in failed])
             missing = pending_positions(plan, np.concatenate([chosen.positions, failed_at]))
@@ -800,7 +827,7 @@ def run_merge(checked: Any, area: WorkArea, config: SampleConfig, kind: str, n_p
         failed_writer = ParquetShardWriter(staging / "failed", "part", FAILED_SCHEMA, 100_000)
         failed_writer.write(pa.Table.from_pylist(failed, schema=FAILED_SCHEMA))
         failed_writer.close()
-        assembled = write_in_order(area, chosen, staging, config.rows_per_part)
+        assembled = write_in_order(area, chosen, staging, config.rows_per_part, ship=publication.ship)
         reports = [orjson.loads(storage.read_bytes(area.uri.join("slices", rel)))
                    for rel in area.slice_files("report.json")]
         ours = [r for r in reports if r.get("settings_hash") == digest]  # slices of this run's settings

@@ -45,14 +45,17 @@ class SftConfig(StageConfig, TrackingSettings):
     # Numerics and kernels
     bf16: bool = True
     gradient_checkpointing: bool = True
-    attn_implementation: Literal["auto", "flash_attention_2", "sdpa", "eager"] = pydantic.Field(
-        "auto", description="'auto': flash_attention_2 when flash-attn is installed, else sdpa")
+    attn_implementation: Literal["auto", "flash_attention_2", "flex_attention", "sdpa", "eager"] = pydantic.Field(
+        "auto", description="'auto': flash_attention_2 when flash-attn is installed, else flex_attention for packed "
+        "rows on a GPU (a block mask, no L x L one), else sdpa")
     use_liger_kernel: Literal["auto", "on", "off"] = pydantic.Field("auto", description="'auto': on when liger-kernel is installed")
     deepspeed: str = pydantic.Field(
         "", description="DeepSpeed config: 'zero3' (shipped), a JSON path, or '' for none (plain DDP / one process)")
 
     # Checkpoints on object storage
     save_steps: int = pydantic.Field(500, ge=1, description="checkpoint every N optimizer steps")
+    save_minutes: float = pydantic.Field(30.0, ge=0, description="also checkpoint once this many minutes have passed "
+                                         "since the last checkpoint (0: by save_steps only): a fault costs minutes")
     keep_checkpoints: int = pydantic.Field(2, ge=1, description="newest published checkpoints kept on storage")
     resume: bool = pydantic.Field(True, description="resume from the newest complete checkpoint under <output>/checkpoints")
 

@@ -134,7 +134,7 @@ def training_arguments(config: SftConfig, work: Path) -> Any:
         # Keys of the model's config set here are saved with it: max_position_embeddings declares the context the
         # trained model's engines may use (RoPE itself does not change).
         model_init_kwargs={"dtype": "bfloat16" if config.bf16 else "float32",
-                           "attn_implementation": hf_model.attention(config.attn_implementation),
+                           "attn_implementation": hf_model.attention(config.attn_implementation, packed=config.packing),
                            "use_cache": False,
                            **({"max_position_embeddings": config.max_position_embeddings}
                               if config.max_position_embeddings else {})},

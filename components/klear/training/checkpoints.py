@@ -376,10 +376,43 @@ class CheckpointUploader(TrainerCallback):
         self.wait()
 
 
+def save_due(elapsed_s: float, save_minutes: float) -> bool:
+    """Whether a checkpoint is due by time: `save_minutes` (0: never by time) since the last one, or the start."""
+    return save_minutes > 0 and elapsed_s >= 60 * save_minutes
+
+
+class TimedCheckpoints(TrainerCallback):
+    """Asks the Trainer to save once `save_minutes` have passed since the last checkpoint (or the start), beside
+    its save_steps: a preempted run then loses minutes, not the hours between step checkpoints at 32K. Rank 0's
+    clock decides for every rank (a broadcast each optimizer step): a save is collective under DeepSpeed, so the
+    ranks must agree."""
+
+    def __init__(self, save_minutes: float) -> None:
+        self.save_minutes = save_minutes
+        self.last = time.monotonic()
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        due = save_due(time.monotonic() - self.last, self.save_minutes)
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            import torch
+
+            flag = torch.tensor([int(due)], device=args.device)
+            dist.broadcast(flag, src=0)
+            due = bool(flag.item())
+        if due:
+            control.should_save = True
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.last = time.monotonic()
+
+
 def train_resumable(trainer: Any, output: str, work: Path, resume: Path | None, keep: int, stage: str,
-                    fingerprint: dict[str, str] | None = None) -> tuple[Any, list[int]]:
+                    fingerprint: dict[str, str] | None = None, save_minutes: float = 0.0) -> tuple[Any, list[int]]:
     """Run `trainer` from `resume` (or from scratch) with TensorBoard logs under `work/logs` (continued from the
-    checkpoint's) and checkpoints published to `<output>/checkpoints`; returns TrainOutput and published steps."""
+    checkpoint's) and checkpoints published to `<output>/checkpoints` (every save_steps, and every `save_minutes`);
+    returns TrainOutput and published steps."""
     from torch.utils.tensorboard import SummaryWriter
     from transformers.integrations import TensorBoardCallback
 
@@ -391,6 +424,8 @@ def train_resumable(trainer: Any, output: str, work: Path, resume: Path | None, 
         trainer.add_callback(TensorBoardCallback(tb_writer=writer))
     uploader = CheckpointUploader(output, work / "staging", keep, writer, stage, fingerprint)
     trainer.add_callback(uploader)
+    if save_minutes:
+        trainer.add_callback(TimedCheckpoints(save_minutes))
     if resume:
         log.info("resuming from checkpoint %s", resume.name)
     else:

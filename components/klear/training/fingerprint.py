@@ -14,7 +14,8 @@ from typing import Any
 from klear.common import storage
 
 # Keys that change how a run is kept, logged or parallelised, not what it learns: a restart may change them.
-NOT_LEARNED = frozenset({"resume", "keep_checkpoints", "save_steps", "logging_steps", "dataset_num_proc"})
+NOT_LEARNED = frozenset({"resume", "keep_checkpoints", "save_steps", "save_minutes", "logging_steps",
+                         "dataset_num_proc"})
 PARTS = ("model", "data", "config")
 
 

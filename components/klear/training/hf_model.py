@@ -57,11 +57,25 @@ def check_weights(path: Path, model: str) -> None:
             raise ModelInputError(f"{model}: {file.name} is not a readable safetensors file ({exc})") from exc
 
 
-def attention(choice: str) -> str:
-    """'auto': flash_attention_2 when flash-attn is installed, else sdpa."""
+def resolve_attention(choice: str, packed: bool, flash_attn: bool, cuda: bool) -> str:
+    """What attn_implementation 'auto' becomes: flash_attention_2 where flash-attn is installed (its varlen kernels
+    take packed rows by their position ids); else flex_attention for packed rows on a CUDA device (transformers turns
+    the position ids into a BlockMask of the document boundaries, masking_utils.flex_attention_mask, where sdpa gets
+    a dense rows x L x L mask); else sdpa. Not flex on CPU: PyTorch has no flex_attention backward there. Padded
+    rows (GPPO) keep sdpa: flex is only checked here for packed ones (tests/sft/test_attention.py)."""
     if choice != "auto":
         return choice
-    return "flash_attention_2" if importlib.util.find_spec("flash_attn") else "sdpa"
+    if flash_attn:
+        return "flash_attention_2"
+    return "flex_attention" if packed and cuda else "sdpa"
+
+
+def attention(choice: str, packed: bool = False) -> str:
+    """attn_implementation on this machine (resolve_attention); `packed`: rows hold several samples told apart by
+    their position ids (SFT's padding-free packing)."""
+    if choice != "auto":
+        return choice
+    return resolve_attention(choice, packed, importlib.util.find_spec("flash_attn") is not None, has_accelerator())
 
 
 def deepspeed_config(choice: str) -> str | None:

@@ -39,6 +39,7 @@ class TrainingConfig(Protocol):
     deepspeed: str
     resume: bool
     keep_checkpoints: int
+    save_minutes: float
 
     def model_dump(self, *, mode: str) -> dict[str, Any]: ...
 
@@ -100,7 +101,7 @@ def run_stage(stage: TrainingStage, model: str, data: list[str], output: str, co
         tracking.check_trackers(config)  # reachable, authorised, the experiment there
     with contextlib.ExitStack() as stack:
         if os.environ.get("RANK", "0") == "0":  # the rank that publishes holds the output for the whole run
-            stack.enter_context(storage.claim_output(output))
+            stack.enter_context(storage.claim_output(output, task=f"{stage.name} training"))
         work = hf_model.scratch_folder(stage.name, output, work_dir)
         fingerprint = run_fingerprint(model, data, config.model_dump(mode="json"))
         checkpoints.refuse_other_world_size(output, config.resume, bool(config.deepspeed))  # before the model loads
@@ -114,7 +115,7 @@ def run_stage(stage: TrainingStage, model: str, data: list[str], output: str, co
         resume = checkpoints.resume_point(output, Path(trainer.args.output_dir), work, config.resume,
                                           bool(config.deepspeed), fingerprint)
         result, published = checkpoints.train_resumable(trainer, output, work, resume, config.keep_checkpoints,
-                                                        stage.name, fingerprint)
+                                                        stage.name, fingerprint, config.save_minutes)
         report = assemble_report(counts, trainer.state, step_of(resume), published, prepared.finish(result), config)
         hf_model.publish_trained(trainer, tokenizer, work, output, report, stage.name, stage.render_markdown(report),
                                  {"model": [model], "data": list(data)})
