@@ -25,7 +25,19 @@ from kfp import dsl
 
 from klear.common.component import digest_inputs, slice_list
 from klear.common.images import GPU_IMAGE
-from klear.common.kfp_io import API_ENV, IMAGE_ENV, POD_NAME_ENV, POD_UID_ENV, RUN_ID_ENV, RUNTIME_ENV, SCRATCH_ENV
+from klear.common.kfp_io import (
+    API_ENV,
+    ENDPOINT_SLICE_SCRATCH,
+    IMAGE_ENV,
+    MERGE_SCRATCH,
+    MODEL_SLICE_SCRATCH,
+    POD_NAME_ENV,
+    POD_UID_ENV,
+    RUN_ID_ENV,
+    RUNTIME_ENV,
+    SCRATCH_ENV,
+    SCRATCH_PATH,
+)
 from klear.common.lineage import TASK_ENV as TASK_POD_ENV
 from klear.common.tracking import TRACKING_SECRET, TRACKING_SECRET_KEYS
 from klear.curate.component import curate
@@ -33,7 +45,6 @@ from klear.evaluate.component import evaluate, evaluation_prompts
 from klear.gppo.component import gppo
 from klear.judge.component import judge, judge_slice
 from klear.plan.component import plan_run, plan_stage
-from klear.plan.pods import ENDPOINT_SLICE_SCRATCH, MERGE_SCRATCH, MODEL_SLICE_SCRATCH, SCRATCH_PATH
 from klear.rl_filter.component import rl_filter
 from klear.sample.component import sample, sample_slice
 from klear.sft.component import sft

@@ -43,7 +43,10 @@ ALLOWED: dict[str, set[str]] = {
     "evaluate": {"common", "judge", "sample", "testsets", "verifiers"},
     "cli": {"common"},
     # plan: a tool that loads every stage's config (config modules only) and checks them together; torch-free.
-    "plan": {"common", "cli", "curate", "sample", "judge", "sft_data", "sft", "rl_filter", "gppo", "evaluate"},
+    # training: the attention implementation the GPU image resolves (hf_model.resolve_attention; torch imported
+    # only inside its functions).
+    "plan": {"common", "cli", "curate", "sample", "judge", "sft_data", "sft", "rl_filter", "gppo", "evaluate",
+             "training"},
 }
 # Packages that only exist in the training (GPU) image.
 TRAINING_ONLY = ("torch", "transformers", "trl", "deepspeed", "accelerate", "vllm")

@@ -150,7 +150,7 @@ def test_the_teacher_goes_first(compiled: Path) -> None:
 def test_merges_and_slices_stage_on_a_scratch_volume(compiled: Path) -> None:
     """Every merge and every sampling slice has a generic ephemeral volume of the size the plan checks, where it
     stages (KLEAR_SCRATCH; not TMPDIR, which the KFP bootstrap's mktemp reads)."""
-    from klear.plan.pods import ENDPOINT_SLICE_SCRATCH, MERGE_SCRATCH, MODEL_SLICE_SCRATCH, SCRATCH_PATH
+    from klear.common.kfp_io import ENDPOINT_SLICE_SCRATCH, MERGE_SCRATCH, MODEL_SLICE_SCRATCH, SCRATCH_PATH
 
     spec, platform = yaml.load_all((compiled / "klear-reasoner.yaml").read_text(), Loader=yaml.CSafeLoader)
     executors = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]

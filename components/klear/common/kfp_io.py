@@ -30,6 +30,13 @@ API_ENV, RUNTIME_ENV = "KLEAR_TRAINER_API", "KLEAR_TRAINER_RUNTIME"
 
 
 SCRATCH_ENV = "KLEAR_SCRATCH"  # the task's scratch volume (pipelines/definitions.py mounts one where a task stages)
+# Scratch of the tasks that stage on disk (pipelines/definitions.py gives them these; klear plan checks them): a
+# generic ephemeral volume (a PVC of the cluster's default StorageClass, made and deleted with the pod) at
+# SCRATCH_PATH. KFP 2.17 sets no ephemeral-storage request (kubeflow/pipelines#11137): a pod staging on its root
+# disk could be evicted, or fill the node. A merge holds a part or two and its spill (a judge merge its whole
+# output, twice); a slice pod its model folder (an endpoint slice none) and a few shards.
+SCRATCH_PATH = "/scratch"
+MERGE_SCRATCH, MODEL_SLICE_SCRATCH, ENDPOINT_SLICE_SCRATCH = "512Gi", "64Gi", "16Gi"
 
 
 def use_scratch() -> str:

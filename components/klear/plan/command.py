@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 from klear.cli import STAGES
+from klear.common import kfp_io
 from klear.common.config import StageConfig, load_config, origins_lines
 from klear.evaluate.config import EvaluateConfig
 from klear.gppo.config import GppoConfig
@@ -297,18 +298,18 @@ def disk_checks(configs: Mapping[str, Any], params: Mapping[str, Any], assumed: 
         found.append(pods.scratch_check(
             "sample", f"{param} merge",
             pods.merge_staging_bytes(rows, per_row, config.rows_per_part, slices, config.shard_size),
-            pods.MERGE_SCRATCH, f"{assumed_rows}: at most 2 parts of rows_per_part {config.rows_per_part:,} + "
+            kfp_io.MERGE_SCRATCH, f"{assumed_rows}: at most 2 parts of rows_per_part {config.rows_per_part:,} + "
             f"{slices} slices x shard_size {config.shard_size} spilled, each part uploaded as it closes"))
         if judged:
             found.append(pods.scratch_check("judge", f"{param} judge merge", pods.judge_merge_bytes(rows, per_row),
-                                            pods.MERGE_SCRATCH, f"{assumed_rows}, judged: staged whole, twice"))
+                                            kfp_io.MERGE_SCRATCH, f"{assumed_rows}, judged: staged whole, twice"))
     teacher = shapes.model(TEACHER)
     for uri_param in ("teacher_model_uri", "filter_model_uri"):
         if params.get(uri_param) and "teacher" not in unshipped:
             size = checks.parameter_count(teacher) * memory.DTYPE_BYTES.get(
                 teacher.checkpoint_dtype or teacher.torch_dtype, 1)
             found.append(pods.scratch_check(
-                "sample", f"{uri_param} download", size, pods.ENDPOINT_SLICE_SCRATCH,
+                "sample", f"{uri_param} download", size, kfp_io.ENDPOINT_SLICE_SCRATCH,
                 f"{uri_param}: {teacher.name}'s folder ({teacher.checkpoint_dtype or teacher.torch_dtype}) in each "
                 f"slice pod; serve it (the chart's teacher server, an endpoint) rather than download it per slice"))
     return found

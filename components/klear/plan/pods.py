@@ -112,13 +112,6 @@ def model_needs_gpu(stage: str, param: str, use: str, gpus: int, model: str) -> 
 # --------------------------------------------------------------------------- disk
 
 GIB = 1024 ** 3
-# Scratch of the tasks that stage on disk (pipelines/definitions.py gives them these): a generic ephemeral volume
-# (a PVC of the cluster's default StorageClass, made and deleted with the pod) at SCRATCH_PATH, their tempdir. KFP
-# 2.17 sets no ephemeral-storage request (kubeflow/pipelines#11137): a pod staging on its root disk could be
-# evicted, or fill the node. A merge stages about twice its output (merge_staging_bytes); a slice pod holds its
-# model folder (an endpoint slice none) and a few shards.
-SCRATCH_PATH = "/scratch"
-MERGE_SCRATCH, MODEL_SLICE_SCRATCH, ENDPOINT_SLICE_SCRATCH = "512Gi", "64Gi", "16Gi"
 
 
 def quantity_bytes(quantity: str) -> int:
