@@ -45,6 +45,7 @@ then published), the same 10 parts held 2,940 MiB; alternating merges of one wor
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -54,6 +55,7 @@ import tempfile
 import threading
 import time
 import types
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -66,7 +68,8 @@ PAPER_UNITS = 24_000_000
 # --------------------------------------------------------------------------- a phase (child process)
 
 
-def _rss_kb() -> int:
+def rss_kb() -> int:
+    """This process's resident memory now, KiB."""
     with open("/proc/self/status") as status:
         for line in status:
             if line.startswith("VmRSS:"):
@@ -129,7 +132,7 @@ def phase(args: argparse.Namespace) -> dict[str, Any]:
 
     storage.list_files(args.work)  # the S3 client's own memory, likewise
     pa.array(["warm"])  # and Arrow's memory pool (mimalloc maps ~35 MiB on its first allocation)
-    start_rss = _rss_kb()
+    start_rss = rss_kb()
     first_request: list[float] = []
     state_rss: list[int] = []
 
@@ -146,7 +149,7 @@ def phase(args: argparse.Namespace) -> dict[str, Any]:
 
         def generate(self, requests: Any) -> Any:
             first_request.append(time.monotonic())
-            state_rss.append(_rss_kb())  # what the coordinator holds once it knows what to sample
+            state_rss.append(rss_kb())  # what the coordinator holds once it knows what to sample
             text = reasoning_text(args.response_bytes)
             for k, request in enumerate(requests):
                 if args.stop_after is not None and k >= args.stop_after:
@@ -223,19 +226,26 @@ def _child(kind: str, legacy: str | None, prompts: str, output: str, work: str, 
               (["--rows-per-part", str(rows_per_part)] if rows_per_part else [])
     scratch = scratch or Path(tempfile.mkdtemp(prefix=f"bench-{kind}-"))
     scratch.mkdir(parents=True, exist_ok=True)
-    with DiskPeak(scratch) as disk:  # the phase's staging: its TMPDIR, as use_scratch makes KLEAR_SCRATCH on a pod
+    return run_phase(command, scratch, env, f"{kind} ({legacy or 'today'})")
+
+
+def run_phase(command: list[str], scratch: Path, env: dict[str, str], what: str) -> dict[str, Any]:
+    """Run one phase's process with `scratch` as its TMPDIR (as use_scratch makes KLEAR_SCRATCH on a pod): the JSON
+    its last line prints, and the peak bytes it held there."""
+    with DiskPeak(scratch) as disk:
         done = subprocess.run(command, env={**env, "TMPDIR": str(scratch)}, capture_output=True, text=True)
     if done.returncode != 0:
-        raise RuntimeError(f"{kind} ({legacy or 'today'}) failed:\n{done.stderr[-4000:]}")
+        raise RuntimeError(f"{what} failed:\n{done.stderr[-4000:]}")
     return {**json.loads(done.stdout.strip().splitlines()[-1]), "peak_disk": disk.peak}
 
 
-def _output_sizes(output: str) -> tuple[int, int, int]:
-    """The published output's bytes, its largest samples/ part's, and its number of parts (from its manifest)."""
+def output_sizes(output: str, folder: str = "samples/") -> tuple[int, int, int]:
+    """The published output's bytes, its largest part's under `folder`, and its number of those parts (from its
+    manifest)."""
     from klear.common import storage
 
     files = storage.read_manifest(output).files
-    parts = [entry["size"] for rel, entry in files.items() if rel.startswith("samples/")]
+    parts = [entry["size"] for rel, entry in files.items() if rel.startswith(folder)]
     return sum(entry["size"] for entry in files.values()), max(parts, default=0), len(parts)
 
 
@@ -244,6 +254,27 @@ def _index_objects(root: str) -> int:
 
     return len(storage.list_files(storage.Uri.parse(root).join("index")))
 
+
+
+@contextlib.contextmanager
+def object_root(tmp: Path, local: bool, env: dict[str, str]) -> Iterator[str]:
+    """Where a benchmark keeps its data: a folder under `tmp`, or a bucket on a SeaweedFS server started on
+    loopback for the benchmark (its credentials set here and in `env`, the subprocesses' environment)."""
+    if local:
+        yield str(tmp / "store")
+        return
+    import boto3
+
+    from pipelines import local_s3
+
+    server = local_s3.start(tmp / "seaweedfs")
+    try:
+        env.update(server.env)
+        os.environ.update(server.env)
+        boto3.client("s3", endpoint_url=server.endpoint, region_name="us-east-1").create_bucket(Bucket="bench")
+        yield "s3://bench"
+    finally:
+        server.stop()
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -276,20 +307,7 @@ def main() -> None:
             for i in range(args.prompts):
                 out.write(json.dumps({"id": f"q{i:08d}", "prompt": f"Add the columns of {i} and {i * 7 % 9973}."})
                           + "\n")
-        server = None
-        if args.local:
-            root = str(Path(tmp, "store"))
-        else:
-            import boto3
-
-            from pipelines import local_s3
-
-            server = local_s3.start(Path(tmp, "seaweedfs"))
-            env.update(server.env)
-            os.environ.update(server.env)
-            boto3.client("s3", endpoint_url=server.endpoint, region_name="us-east-1").create_bucket(Bucket="bench")
-            root = "s3://bench"
-        try:
+        with object_root(Path(tmp), args.local, env) as root:
             print(f"{args.prompts:,} prompts x {args.n} = {units:,} units of {args.response_bytes or 23:,} bytes of "
                   f"reasoning; work area on {'a local folder' if args.local else 'SeaweedFS (loopback)'}", flush=True)
             results: dict[str, dict[str, Any]] = {}
@@ -306,12 +324,9 @@ def main() -> None:
                           f"{row[kind]['peak_disk'] / 2**20:7.0f} MiB", flush=True)
                     if kind == "fill":
                         row["index_objects"] = _index_objects(work)
-                row["output_bytes"], row["part_bytes"], row["parts"] = _output_sizes(output)
+                row["output_bytes"], row["part_bytes"], row["parts"] = output_sizes(output)
                 results[label] = row
             _print_table(results, units, args.response_bytes or 23)
-        finally:
-            if server is not None:
-                server.stop()
 
 
 def _print_table(results: dict[str, dict[str, Any]], units: int, response_bytes: int) -> None:

@@ -16,7 +16,9 @@ same GPU parameter tells a training component how many processes to launch. "0" 
 
 Every stage publishes to `<run_root>/<run id>/<stage>` as it goes, so a retried pod resumes; `run_root` is
 required. The run id reaches the pods as KLEAR_RUN_ID from their `pipeline/runid` label, not as a task
-parameter, which would change every run and keep KFP from ever caching a deterministic stage.
+parameter, which would change every run and keep KFP from ever caching a stage. Every stage task is cached,
+keyed with a content digest of what it reads by URI (`_digest`), so a new run reuses every result whose inputs
+and settings are unchanged; the `recompute` parameter forces them to run again.
 """
 
 import os
@@ -32,7 +34,6 @@ from klear.common.kfp_io import (
     MERGE_SCRATCH,
     MODEL_SLICE_SCRATCH,
     POD_NAME_ENV,
-    POD_UID_ENV,
     RUN_ID_ENV,
     RUNTIME_ENV,
     SCRATCH_ENV,
@@ -99,14 +100,13 @@ def _on_gpu_node(task: dsl.PipelineTask, gpus, cpu, memory, scheduling) -> dsl.P
     task.set_accelerator_type(GPU_RESOURCE).set_accelerator_limit(gpus)
     kubernetes.empty_dir_mount(task, volume_name="dshm", mount_path="/dev/shm", medium="Memory")
     task.set_retry(num_retries=3, backoff_duration="60s", backoff_factor=2)
-    task.set_caching_options(False)  # long, resumable, not bit-reproducible: rerun on purpose, resume on retry
     return _on_cluster(task, cpu, memory)
 
 
 def _launches_training(task: dsl.PipelineTask, nodes, gpus, cpu, memory, scheduling) -> dsl.PipelineTask:
     """A training stage: one node trains in this pod; more nodes, a Kubeflow Trainer job that this pod creates
-    (named after the pod, owned by it, with its scheduling and the image compiled here) while asking for
-    no GPU itself."""
+    (named after the run and step, owned by the run's Workflow, with the pod's scheduling and the image compiled
+    here; a retried pod re-attaches to it) while asking for no GPU itself."""
     from kfp import kubernetes
 
     size = launcher_resources(nodes=nodes, gpus_per_node=gpus, cpu=cpu, memory=memory)
@@ -117,7 +117,6 @@ def _launches_training(task: dsl.PipelineTask, nodes, gpus, cpu, memory, schedul
     for key, value in TRAINER_SETTINGS.items():
         task.set_env_variable(key, value)
     kubernetes.use_field_path_as_env(task, POD_NAME_ENV, "metadata.name")
-    kubernetes.use_field_path_as_env(task, POD_UID_ENV, "metadata.uid")
     # MLflow / W&B credentials (report_to): the chart's optional Secret, read by the trackers, never by a config.
     kubernetes.use_secret_as_env(task, secret_name=TRACKING_SECRET, secret_key_to_env={k: k for k in TRACKING_SECRET_KEYS},
                                  optional=True)
@@ -152,13 +151,14 @@ def _import(uri, kind, name: str) -> dsl.PipelineTask:
     return task.set_display_name(name)
 
 
-def _digest(what: str, uri="", second_uri="", third_uri="", uris=None, preset=""):
+def _digest(what: str, recompute, uri="", second_uri="", third_uri="", uris=None, preset=""):
     """The content digest of what a cached task reads, for its cache key: the key holds URIs, artifacts and the
     name of its config (`preset`: a preset, YAML file or URI), while the content behind them may change in place
-    (a sample output topped up to a larger n, a config file or one of its `base` files edited). Never cached
-    itself: it must look at the content every run."""
+    (a model folder replaced, a sample output topped up to a larger n, a config file or one of its `base` files
+    edited). The run's `recompute` text is folded in: a new text reruns every task keyed by a digest. Never
+    cached itself: it must look at the content every run."""
     task = digest_inputs(uri=uri, second_uri=second_uri, third_uri=third_uri, uris=[] if uris is None else uris,
-                         preset=preset)
+                         preset=preset, recompute=recompute)
     task.set_display_name(f"digest: {what}").set_caching_options(False)
     return _on_cluster(task, "1", "2Gi").output
 
@@ -172,19 +172,21 @@ def _curate(sources, source_files, benchmark_uris, preset, overrides, run_root, 
     return _deterministic(task.set_display_name("curate: dedup + 9-gram decontamination"), "16", "32Gi")
 
 
-def _sample(what: str, prompts, preset, overrides, run_root, gpus, cpu, memory, scheduling, model=None,
+def _sample(what: str, prompts, preset, overrides, run_root, gpus, cpu, memory, scheduling, digest, model=None,
             model_uri="", endpoint="", served_model="", key_secret=ENDPOINT_SECRET, slices=1,
             after: dsl.PipelineTask | None = None,
             slice_scratch: str = MODEL_SLICE_SCRATCH) -> dsl.PipelineTask:
     """One use of the sampling engine: a model (artifact or URI; vLLM on the pod's GPUs) or an endpoint, fanned
     out over `slices` pods (a run-time parameter): a ParallelFor of slice tasks, each retried on its own and all
-    writing into the use's one work area (<run_root>/<run id>/sample-<what>.work, from the run id each pod
-    has), then one merge task that publishes, once every unit is in a shard or failed. `after`: a task whose end
-    the slices wait for (the critical path first). Returns the merge."""
+    writing into the use's one work area (<run_root>/work/sample-<what>-<key>, keyed by prompts, model, `digest`
+    and settings), then one merge task that publishes, once every unit is in a shard or failed. Slices and merge
+    are cached by `digest`: a new run with the same inputs and settings reuses them; one whose earlier run
+    stopped halfway samples only what the work area lacks. `after`: a task whose end the slices wait for (the
+    critical path first). Returns the merge."""
     from kfp import kubernetes
 
     arguments = dict(prompts=prompts, endpoint=endpoint, served_model=served_model, api_key_env="", name=what,
-                     preset=preset, overrides=overrides, run_root=run_root, model_uri=model_uri,
+                     preset=preset, overrides=overrides, run_root=run_root, model_uri=model_uri, input_digest=digest,
                      **({"model": model} if model is not None else {}))
     parts = slice_list(count=slices).set_display_name(f"slices of sample: {what}").set_caching_options(False)
     parts.set_cpu_request("100m").set_memory_request("128Mi")
@@ -197,53 +199,57 @@ def _sample(what: str, prompts, preset, overrides, run_root, gpus, cpu, memory, 
         piece.set_display_name(f"sample slice: {what}")
         kubernetes.use_secret_as_env(piece, secret_name=key_secret, secret_key_to_env={"api-key": "OPENAI_API_KEY"},
                                      optional=True)
-        _with_scratch(_on_gpu_node(piece, gpus, cpu, memory, scheduling), slice_scratch)
+        _with_scratch(_on_gpu_node(piece, gpus, cpu, memory, scheduling), slice_scratch).set_caching_options(True)
     task = sample(**arguments, merge=True, slices=dsl.Collected(piece.output))
     task.set_display_name(f"sample: {what} (merge of the slices)")
     # The same flags as the slices, the key included (the merge calls no server: it checks the settings).
     kubernetes.use_secret_as_env(task, secret_name=key_secret, secret_key_to_env={"api-key": "OPENAI_API_KEY"},
                                  optional=True)
-    task.set_retry(num_retries=3, backoff_duration="60s", backoff_factor=2).set_caching_options(False)
+    task.set_retry(num_retries=3, backoff_duration="60s", backoff_factor=2).set_caching_options(True)
     return _with_scratch(_on_cluster(task, "4", "32Gi"), MERGE_SCRATCH)
 
 
-def _judge(what: str, samples, config_of: str, preset, overrides, run_root, cpu, slices, problems=None,
+def _judge(what: str, samples, config_of: str, preset, overrides, run_root, cpu, slices, digest, problems=None,
            task: str = "", benchmark_uris=None) -> dsl.PipelineTask:
     """One judging use in front of the stage that reads its rows (`config_of`: judged with that stage's judge
     settings; evaluate's against its `benchmark_uris`), fanned out over `slices` CPU pods (a run-time parameter): a
     ParallelFor of slice tasks, each retried on its own and all saving scores into the use's one work area
-    (<run_root>/<run id>/judge-<what>.work), then one merge task that publishes the judged rows once every slice's
-    part is there. Returns the merge."""
+    (<run_root>/work/judge-<what>-<key>, keyed by samples, problems and `digest`), then one merge task that
+    publishes the judged rows once every slice's part is there; cached by `digest`, as sampling is. Returns the
+    merge."""
     arguments = dict(samples=samples, preset=preset, overrides=overrides, run_root=run_root, name=what,
-                     config_of=config_of, task=task, **({"problems": problems} if problems is not None else {}),
+                     config_of=config_of, task=task, input_digest=digest, **({"problems": problems} if problems is not None else {}),
                      **({"benchmark_uris": benchmark_uris} if benchmark_uris is not None else {}))
     parts = slice_list(count=slices).set_display_name(f"slices of judge: {what}").set_caching_options(False)
     parts.set_cpu_request("100m").set_memory_request("128Mi")
     with dsl.ParallelFor(parts.output) as part:
         # The CPU as an input too: KFP 2.17 carries into a loop only the parameters its tasks take as inputs.
         piece = judge_slice(**arguments, part=part, cpu=cpu).set_display_name(f"judge slice: {what}")
-        piece.set_retry(num_retries=3, backoff_duration="60s", backoff_factor=2).set_caching_options(False)
+        piece.set_retry(num_retries=3, backoff_duration="60s", backoff_factor=2).set_caching_options(True)
         _runs_untrusted_code(_on_cluster(piece, cpu, JUDGE_MEMORY))
     merged = judge(**arguments, merge=True, slices=dsl.Collected(piece.output))
     merged.set_display_name(f"judge: {what} (merge of the slices)")
-    merged.set_retry(num_retries=3, backoff_duration="60s", backoff_factor=2).set_caching_options(False)
+    merged.set_retry(num_retries=3, backoff_duration="60s", backoff_factor=2).set_caching_options(True)
     return _with_scratch(_on_cluster(merged, "4", "32Gi"), MERGE_SCRATCH)
 
 
-def _sft(base_model, data, preset, run_root, gpus, nodes, cpu, memory, scheduling, overrides=[]) -> dsl.PipelineTask:
+def _sft(base_model, data, preset, run_root, gpus, nodes, cpu, memory, scheduling, digest,
+         overrides=[]) -> dsl.PipelineTask:
+    """SFT, cached by `digest` (with its inputs): a new run with the same inputs and settings reuses the model."""
     task = sft(base_model=base_model, data=data, preset=preset, overrides=overrides, gpus_per_node=gpus, nodes=nodes,
-               run_root=run_root)
+               run_root=run_root, input_digest=digest)
     task.set_display_name("sft: long-CoT SFT (TRL, ZeRO-3)")
-    return _launches_training(task, nodes, gpus, cpu, memory, scheduling)
+    return _launches_training(task, nodes, gpus, cpu, memory, scheduling).set_caching_options(True)
 
 
-def _gppo(rl_task: str, policy, data, preset, run_root, gpus, nodes, cpu, memory, scheduling,
+def _gppo(rl_task: str, policy, data, preset, run_root, gpus, nodes, cpu, memory, scheduling, digest,
           overrides=[]) -> dsl.PipelineTask:
-    """One RL run of the paper with the one gppo component: "math" (after SFT), then "code" (after math RL)."""
+    """One RL run of the paper with the one gppo component: "math" (after SFT), then "code" (after math RL); cached
+    by `digest` (with its inputs), as SFT is."""
     task = gppo(policy=policy, data=data, task=rl_task, preset=preset, overrides=overrides, gpus_per_node=gpus,
-                nodes=nodes, run_root=run_root)
+                nodes=nodes, run_root=run_root, input_digest=digest)
     task.set_display_name(f"{rl_task} RL: GPPO (TRL + vLLM)")
-    return _runs_untrusted_code(_launches_training(task, nodes, gpus, cpu, memory, scheduling))
+    return _runs_untrusted_code(_launches_training(task, nodes, gpus, cpu, memory, scheduling)).set_caching_options(True)
 
 
 def _rl_filter(rl_task: str, problems, filter_samples, benchmark_uris, preset, overrides, run_root,
@@ -254,11 +260,11 @@ def _rl_filter(rl_task: str, problems, filter_samples, benchmark_uris, preset, o
     return _runs_untrusted_code(_deterministic(task, cpu))
 
 
-def _eval_judged(kind: str, samples: dict, benchmark_uris, preset, overrides, run_root, cpu, slices) -> dict:
+def _eval_judged(kind: str, samples: dict, benchmark_uris, preset, overrides, run_root, cpu, slices, digest) -> dict:
     """Each model's evaluation samples of one kind judged in `slices` slices under the evaluate preset's judge
     settings and against its benchmarks, so evaluate takes every verdict as it is (it still judges the other
     math modes of judge.report_modes itself): label -> the judged rows."""
-    return {label: _judge(f"eval-{label}-{kind}", rows, "evaluate", preset, overrides, run_root, cpu, slices,
+    return {label: _judge(f"eval-{label}-{kind}", rows, "evaluate", preset, overrides, run_root, cpu, slices, digest,
                           benchmark_uris=benchmark_uris).outputs["judged"] for label, rows in samples.items()}
 
 
@@ -377,6 +383,7 @@ def klear_pipeline(
     rl_memory: str = NODE_MEMORY,
     plan_cluster: str = "h100-80gb-x8",
     plan_gpu_quota: int = 0,
+    recompute: str = "",
 ):
     """The whole recipe: curated prompts, teacher traces, SFT, filtered RL data, math then code RL, evaluation.
 
@@ -422,7 +429,8 @@ def klear_pipeline(
             ["concurrency=64"]; the protocol's settings (n, temperature, top_p, max_tokens, ...) win.
         evaluate_code: Also sample and score LiveCodeBench (needs its files among benchmark_uris).
         run_root: Object-storage root of stage outputs (s3://bucket/runs): outputs and checkpoints go to
-            <run_root>/<run id>/<stage> as they are made, so a retried pod resumes where its predecessor stopped.
+            <run_root>/<run id>/<stage> as they are made, so a retried pod resumes where its predecessor stopped;
+            sampling and judging work areas to <run_root>/work/<use>-<key>, shared by runs of the same inputs.
         gpu_node_selector: Node labels the GPU pods (sampling, training) must match, e.g.
             {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}; multi-node training jobs inherit them.
         gpu_tolerations: Tolerations of the GPU pods, e.g. [{"key": "nvidia.com/gpu", "operator": "Exists",
@@ -441,8 +449,8 @@ def klear_pipeline(
         eval_cpu: CPU of each evaluation sampling pod.
         eval_memory: Memory of each evaluation sampling pod.
         teacher_slices: Pods the teacher sampling is spread over (slices of the prompts by a hash of their id, each
-            its own retried task, then one merge); within one work area (a retried task) another number reuses every
-            unit already sampled, while a new run writes under a new run id and samples anew.
+            its own retried task, then one merge); another number reuses every unit already sampled in the use's
+            work area, which is keyed by content, so a new run with the same inputs reuses them too.
         reference_slices: Pods the reference model's sampling is spread over.
         filter_math_slices: Pods the filter model's sampling of the math problems is spread over.
         filter_code_slices: Pods the filter model's sampling of the code problems is spread over.
@@ -466,6 +474,9 @@ def klear_pipeline(
             training layouts against (h100-80gb-x8, h200-141gb-x8); it fails the run before any stage starts.
         plan_gpu_quota: The GPUs this run may hold at once (a namespace quota); 0: the cluster shape's nodes x GPUs.
             The plan fails a phase of the run that wants more at once.
+        recompute: Any new text (e.g. a date) makes this run sample, judge and train anew instead of reusing the
+            results of earlier runs with the same inputs and settings (KFP's cache, keyed by content digests that
+            fold this text in, and the work areas keyed by them); runs with the same text share results.
     """
     first = plan_run(cluster=plan_cluster, base_model_uri=base_model_uri, reference_model_uri=reference_model_uri,
                      teacher_model_uri=teacher_model_uri, curate_preset=curate_preset,
@@ -491,7 +502,7 @@ def klear_pipeline(
     scheduling = (gpu_node_selector, gpu_tolerations)
     sources = _import(sources_uri, dsl.Dataset, "prompt sources")
     base = _import(base_model_uri, dsl.Model, "base model")
-    curate_digest = _digest("curate inputs", sources_uri, uris=benchmark_uris, preset=curate_preset)
+    curate_digest = _digest("curate inputs", recompute, sources_uri, uris=benchmark_uris, preset=curate_preset)
     curated = _curate(sources.output, source_files, benchmark_uris, curate_preset, curate_overrides, run_root,
                       curate_digest).outputs["curated"]
 
@@ -499,21 +510,25 @@ def klear_pipeline(
     # The teacher is the critical path (SFT waits for it): it and the reference model start first; the filter model
     # and the base model's evaluation wait for the teacher's merge rather than take GPUs ahead of it.
     teacher = _sample("teacher", curated, sample_preset, teacher_overrides, run_root, teacher_gpus, teacher_cpu,
-                      teacher_memory, scheduling, model_uri=teacher_model_uri, endpoint=teacher_endpoint,
+                      teacher_memory, scheduling,
+                      _digest("teacher sampling inputs", recompute, teacher_model_uri, preset=sample_preset),
+                      model_uri=teacher_model_uri, endpoint=teacher_endpoint,
                       served_model=teacher_served_model, key_secret=teacher_key_secret, slices=teacher_slices,
                       slice_scratch=ENDPOINT_SLICE_SCRATCH)
     reference = _sample("reference", curated, sample_preset, reference_overrides, run_root, reference_gpus,
-                        reference_cpu, reference_memory, scheduling, model_uri=reference_model_uri,
-                        slices=reference_slices)
+                        reference_cpu, reference_memory, scheduling,
+                        _digest("reference sampling inputs", recompute, reference_model_uri, preset=sample_preset),
+                        model_uri=reference_model_uri, slices=reference_slices)
+    sft_data_digest = _digest("sft-data inputs", recompute, base_model_uri, preset=sft_data_preset)
     reference_judged = _judge("reference", reference.outputs["samples"], "sft-data", sft_data_preset,
-                              sft_data_overrides, run_root, judge_cpu, reference_judge_slices)
+                              sft_data_overrides, run_root, judge_cpu, reference_judge_slices, sft_data_digest)
     records = sft_data(teacher_samples=teacher.outputs["samples"], reference_samples=reference_judged.outputs["judged"],
                        target_model=base.output, preset=sft_data_preset, overrides=sft_data_overrides,
-                       run_root=run_root,
-                       input_digest=_digest("sft-data inputs", base_model_uri, preset=sft_data_preset))
+                       run_root=run_root, input_digest=sft_data_digest)
     _runs_untrusted_code(_deterministic(records.set_display_name("sft-data: difficulty and policy"), judge_cpu))
     tuned = _sft(base.output, records.outputs["records"], sft_preset, run_root, sft_gpus_per_node, sft_nodes,
-                 sft_cpu, sft_memory, scheduling, sft_overrides)
+                 sft_cpu, sft_memory, scheduling,
+                 _digest("sft inputs", recompute, base_model_uri, preset=sft_preset), sft_overrides)
 
     # RL data: problems the filter model solves reliably (label noise out), then math RL, then code RL.
     rl_data = {}
@@ -523,37 +538,46 @@ def klear_pipeline(
             ("code", rl_code_uri, filter_code_overrides, rl_filter_code_overrides, filter_code_slices,
              filter_code_judge_slices)):
         problems = _import(uri, dsl.Dataset, f"{rl_task} RL problems")
+        digest = _digest(f"rl-filter {rl_task} inputs", recompute, uri, uris=benchmark_uris, preset=rl_filter_preset)
         filtered = _sample(f"filter-{rl_task}", problems.output, sample_preset, sampling_overrides, run_root,
-                           filter_gpus, filter_cpu, filter_memory, scheduling, model_uri=filter_model_uri,
+                           filter_gpus, filter_cpu, filter_memory, scheduling,
+                           _digest(f"filter {rl_task} sampling inputs", recompute, filter_model_uri, uri,
+                                   preset=sample_preset), model_uri=filter_model_uri,
                            endpoint=filter_endpoint, served_model=filter_served_model, key_secret=filter_key_secret,
                            slices=filter_slices, after=teacher, slice_scratch=ENDPOINT_SLICE_SCRATCH)
         # Judged against the problems as rl-filter reads them (its judge settings, every problem as this task).
         judged = _judge(f"filter-{rl_task}", filtered.outputs["samples"], "rl-filter", rl_filter_preset,
-                        filtering_overrides, run_root, judge_cpu, judge_slices, problems=problems.output, task=rl_task)
-        digest = _digest(f"rl-filter {rl_task} inputs", uri, uris=benchmark_uris, preset=rl_filter_preset)
+                        filtering_overrides, run_root, judge_cpu, judge_slices, digest, problems=problems.output,
+                        task=rl_task)
         rl_data[rl_task] = _rl_filter(rl_task, problems.output, judged.outputs["judged"], benchmark_uris,
                                       rl_filter_preset, filtering_overrides, run_root, digest, judge_cpu
                                       ).outputs["rl_data"]
     math_rl = _gppo("math", tuned.outputs["model"], rl_data["math"], gppo_math_preset, run_root, rl_gpus_per_node,
-                    rl_nodes, rl_cpu, rl_memory, scheduling, gppo_math_overrides)
+                    rl_nodes, rl_cpu, rl_memory, scheduling,
+                    _digest("math RL config", recompute, preset=gppo_math_preset), gppo_math_overrides)
     code_rl = _gppo("code", math_rl.outputs["model"], rl_data["code"], gppo_code_preset, run_root,
-                    rl_gpus_per_node, rl_nodes, rl_cpu, rl_memory, scheduling, gppo_code_overrides)
+                    rl_gpus_per_node, rl_nodes, rl_cpu, rl_memory, scheduling,
+                    _digest("code RL config", recompute, preset=gppo_code_preset), gppo_code_overrides)
 
     # Evaluation under the paper's protocol: the final model beside SFT and the base model.
-    benchmarks = _digest("benchmarks", uris=benchmark_uris, preset=evaluate_preset)
+    benchmarks = _digest("benchmarks", recompute, uris=benchmark_uris, preset=evaluate_preset)
     prompts = evaluation_prompts(benchmark_uris=benchmark_uris, preset=evaluate_preset, overrides=evaluate_overrides,
                                  sampling_overrides=eval_sample_overrides, run_root=run_root, input_digest=benchmarks)
     _deterministic(prompts.set_display_name("evaluate: benchmark prompts"), "2", "8Gi")
     models = {"rl": code_rl.outputs["model"], "sft": tuned.outputs["model"], "base": base.output}
+    # The trained models are this run's artifacts (their URIs key the cache); the base model is read by URI.
+    trained_sampling = _digest("evaluation sampling config", recompute, preset=sample_preset)
+    sampling_digests = {"rl": trained_sampling, "sft": trained_sampling,
+                        "base": _digest("base model sampling inputs", recompute, base_model_uri, preset=sample_preset)}
 
     def eval_samples(kind: str) -> dict:
         samples = {label: _sample(f"eval-{label}-{kind}", prompts.outputs[f"{kind}_prompts"], sample_preset,
                                   prompts.outputs[f"{kind}_sample_overrides"], run_root, eval_gpus, eval_cpu,
-                                  eval_memory, scheduling, model=model, slices=eval_slices,
+                                  eval_memory, scheduling, sampling_digests[label], model=model, slices=eval_slices,
                                   after=teacher if label == "base" else None).outputs["samples"]
                    for label, model in models.items()}
         return _eval_judged(kind, samples, benchmark_uris, evaluate_preset, evaluate_overrides, run_root, judge_cpu,
-                            evaluate_judge_slices)
+                            evaluate_judge_slices, benchmarks)
 
     math_samples = eval_samples("math")  # judged once, read by both evaluations
     _evaluate(math_samples, benchmark_uris, evaluate_preset, evaluate_overrides, run_root, benchmarks,
@@ -571,7 +595,7 @@ def klear_pipeline(
 @dsl.pipeline(name="klear-curate", description="Rerun curate alone on existing prompt sources")
 def curate_pipeline(sources_uri: str, source_files: list, run_root: str, benchmark_uris: list = [],
                     preset: str = "paper", overrides: list = [], plan_cluster: str = "h100-80gb-x8",
-                    plan_gpu_quota: int = 0) -> dsl.Dataset:
+                    plan_gpu_quota: int = 0, recompute: str = "") -> dsl.Dataset:
     """Exact dedup and 9-gram decontamination of prompt sources.
 
     Args:
@@ -584,10 +608,12 @@ def curate_pipeline(sources_uri: str, source_files: list, run_root: str, benchma
         plan_cluster: The node shape the first task (`klear plan`) checks this run's settings against
             (h100-80gb-x8, h200-141gb-x8); it fails the run before the stage starts.
         plan_gpu_quota: The GPUs this run may hold at once; 0: the cluster shape's nodes x GPUs.
+        recompute: Any new text (e.g. a date) makes this run curate anew instead of reusing an earlier run's
+            result for the same inputs and settings (KFP's cache, keyed by content digests that fold it in).
     """
     sources = _import(sources_uri, dsl.Dataset, "prompt sources")
     curated = _curate(sources.output, source_files, benchmark_uris, preset, overrides, run_root,
-                      _digest("curate inputs", sources_uri, uris=benchmark_uris, preset=preset)).outputs["curated"]
+                      _digest("curate inputs", recompute, sources_uri, uris=benchmark_uris, preset=preset)).outputs["curated"]
     _plan_first("klear-curate", plan_cluster, plan_gpu_quota, preset, overrides)
     return curated
 
@@ -598,7 +624,7 @@ def sample_pipeline(prompts_uri: str, run_root: str, name: str = "teacher", mode
                     overrides: list = [], gpus: str = MODEL_8B_POD[0],
                     cpu: str = MODEL_8B_POD[1], memory: str = MODEL_8B_POD[2], gpu_node_selector: dict = {},
                     gpu_tolerations: list = [], slices: int = 1, plan_cluster: str = "h100-80gb-x8",
-                    plan_gpu_quota: int = 0) -> dsl.Dataset:
+                    plan_gpu_quota: int = 0, recompute: str = "") -> dsl.Dataset:
     """n responses per prompt from a model folder (vLLM on the pod's GPUs) or an OpenAI-compatible endpoint.
 
     Args:
@@ -620,10 +646,13 @@ def sample_pipeline(prompts_uri: str, run_root: str, name: str = "teacher", mode
         plan_cluster: The node shape the first task (`klear plan`) checks this run's settings against
             (h100-80gb-x8, h200-141gb-x8); it fails the run before the stage starts.
         plan_gpu_quota: The GPUs this run may hold at once; 0: the cluster shape's nodes x GPUs.
+        recompute: Any new text (e.g. a date) makes this run sample anew instead of reusing an earlier run's
+            result for the same inputs and settings (KFP's cache, keyed by content digests that fold it in).
     """
     prompts = _import(prompts_uri, dsl.Dataset, "prompts")
     samples = _sample(name, prompts.output, preset, overrides, run_root, gpus, cpu, memory,
-                      (gpu_node_selector, gpu_tolerations), model_uri=model_uri, endpoint=endpoint,
+                      (gpu_node_selector, gpu_tolerations),
+                      _digest("sampling inputs", recompute, prompts_uri, model_uri, preset=preset), model_uri=model_uri, endpoint=endpoint,
                       served_model=served_model, key_secret=key_secret, slices=slices).outputs["samples"]
     _plan_first("klear-sample", plan_cluster, plan_gpu_quota, preset, overrides, model_uri=model_uri, gpus=gpus,
                 slices=slices)
@@ -633,7 +662,7 @@ def sample_pipeline(prompts_uri: str, run_root: str, name: str = "teacher", mode
 @dsl.pipeline(name="klear-judge", description="Rerun judging alone on existing samples")
 def judge_pipeline(samples_uri: str, run_root: str, problems_uri: str = "", preset: str = "paper",
                    overrides: list = [], plan_cluster: str = "h100-80gb-x8",
-                   plan_gpu_quota: int = 0) -> dsl.Dataset:
+                   plan_gpu_quota: int = 0, recompute: str = "") -> dsl.Dataset:
     """Pass rates of saved samples: math answers by math-verify, programs in the sandbox.
 
     Args:
@@ -645,10 +674,12 @@ def judge_pipeline(samples_uri: str, run_root: str, problems_uri: str = "", pres
         plan_cluster: The node shape the first task (`klear plan`) checks this run's settings against
             (h100-80gb-x8, h200-141gb-x8); it fails the run before the stage starts.
         plan_gpu_quota: The GPUs this run may hold at once; 0: the cluster shape's nodes x GPUs.
+        recompute: Any new text (e.g. a date) makes this run judge anew instead of reusing an earlier run's
+            result for the same inputs and settings (KFP's cache, keyed by content digests that fold it in).
     """
     samples = _import(samples_uri, dsl.Dataset, "samples")
     task = judge(samples=samples.output, problems_uri=problems_uri, preset=preset, overrides=overrides,
-                 run_root=run_root, input_digest=_digest("judge inputs", samples_uri, problems_uri, preset=preset))
+                 run_root=run_root, input_digest=_digest("judge inputs", recompute, samples_uri, problems_uri, preset=preset))
     judged = _runs_untrusted_code(_deterministic(task.set_display_name("judge"))).outputs["judged"]
     _plan_first("klear-judge", plan_cluster, plan_gpu_quota, preset, overrides)
     return judged
@@ -657,7 +688,7 @@ def judge_pipeline(samples_uri: str, run_root: str, problems_uri: str = "", pres
 @dsl.pipeline(name="klear-sft-data", description="Rerun sft-data alone on existing teacher and reference samples")
 def sft_data_pipeline(teacher_samples_uri: str, reference_samples_uri: str, target_model_uri: str, run_root: str,
                       preset: str = "paper", overrides: list = [], plan_cluster: str = "h100-80gb-x8",
-                      plan_gpu_quota: int = 0) -> dsl.Dataset:
+                      plan_gpu_quota: int = 0, recompute: str = "") -> dsl.Dataset:
     """SFT records from teacher samples, with difficulty from the reference model's pass rate.
 
     Args:
@@ -670,11 +701,14 @@ def sft_data_pipeline(teacher_samples_uri: str, reference_samples_uri: str, targ
         plan_cluster: The node shape the first task (`klear plan`) checks this run's settings against
             (h100-80gb-x8, h200-141gb-x8); it fails the run before the stage starts.
         plan_gpu_quota: The GPUs this run may hold at once; 0: the cluster shape's nodes x GPUs.
+        recompute: Any new text (e.g. a date) makes this run build the SFT records anew instead of reusing an earlier run's
+            result for the same inputs and settings (KFP's cache, keyed by content digests that fold it in).
     """
     teacher = _import(teacher_samples_uri, dsl.Dataset, "teacher samples")
     reference = _import(reference_samples_uri, dsl.Dataset, "reference samples")
     target = _import(target_model_uri, dsl.Model, "target model (tokenizer)")
-    digest = _digest("sft-data inputs", teacher_samples_uri, reference_samples_uri, target_model_uri, preset=preset)
+    digest = _digest("sft-data inputs", recompute, teacher_samples_uri, reference_samples_uri, target_model_uri,
+                     preset=preset)
     task = sft_data(teacher_samples=teacher.output, reference_samples=reference.output, target_model=target.output,
                     preset=preset, overrides=overrides, run_root=run_root, input_digest=digest)
     records = _runs_untrusted_code(_deterministic(task.set_display_name("sft-data"))).outputs["records"]
@@ -686,7 +720,7 @@ def sft_data_pipeline(teacher_samples_uri: str, reference_samples_uri: str, targ
 def sft_pipeline(base_model_uri: str, data_uri: str, run_root: str, preset: str = "paper", overrides: list = [],
                  gpus_per_node: str = GPUS, nodes: int = 1, cpu: str = SFT_CPU, memory: str = NODE_MEMORY,
                  gpu_node_selector: dict = {}, gpu_tolerations: list = [], plan_cluster: str = "h100-80gb-x8",
-                 plan_gpu_quota: int = 0) -> dsl.Model:
+                 plan_gpu_quota: int = 0, recompute: str = "") -> dsl.Model:
     """Long-CoT SFT.
 
     Args:
@@ -704,11 +738,14 @@ def sft_pipeline(base_model_uri: str, data_uri: str, run_root: str, preset: str 
         plan_cluster: The node shape the first task (`klear plan`) checks this run's settings against
             (h100-80gb-x8, h200-141gb-x8); it fails the run before the stage starts.
         plan_gpu_quota: The GPUs this run may hold at once; 0: the cluster shape's nodes x GPUs.
+        recompute: Any new text (e.g. a date) makes this run train anew instead of reusing an earlier run's
+            result for the same inputs and settings (KFP's cache, keyed by content digests that fold it in).
     """
     base = _import(base_model_uri, dsl.Model, "base model")
     data = _import(data_uri, dsl.Dataset, "SFT data")
     model = _sft(base.output, data.output, preset, run_root, gpus_per_node, nodes, cpu, memory,
-                 (gpu_node_selector, gpu_tolerations), overrides).outputs["model"]
+                 (gpu_node_selector, gpu_tolerations),
+                 _digest("sft inputs", recompute, base_model_uri, data_uri, preset=preset), overrides).outputs["model"]
     _plan_first("klear-sft", plan_cluster, plan_gpu_quota, preset, overrides, model_uri=base_model_uri, nodes=nodes,
                 gpus_per_node=gpus_per_node)
     return model
@@ -717,7 +754,7 @@ def sft_pipeline(base_model_uri: str, data_uri: str, run_root: str, preset: str 
 @dsl.pipeline(name="klear-rl-filter", description="Rerun RL data filtering alone on existing problems and samples")
 def rl_filter_pipeline(problems_uri: str, filter_samples_uri: str, run_root: str, task: str = "math",
                        benchmark_uris: list = [], preset: str = "paper", overrides: list = [],
-                       plan_cluster: str = "h100-80gb-x8", plan_gpu_quota: int = 0) -> dsl.Dataset:
+                       plan_cluster: str = "h100-80gb-x8", plan_gpu_quota: int = 0, recompute: str = "") -> dsl.Dataset:
     """RL problems the filter model solves reliably, decontaminated against the test sets.
 
     Args:
@@ -731,10 +768,13 @@ def rl_filter_pipeline(problems_uri: str, filter_samples_uri: str, run_root: str
         plan_cluster: The node shape the first task (`klear plan`) checks this run's settings against
             (h100-80gb-x8, h200-141gb-x8); it fails the run before the stage starts.
         plan_gpu_quota: The GPUs this run may hold at once; 0: the cluster shape's nodes x GPUs.
+        recompute: Any new text (e.g. a date) makes this run filter anew instead of reusing an earlier run's
+            result for the same inputs and settings (KFP's cache, keyed by content digests that fold it in).
     """
     problems = _import(problems_uri, dsl.Dataset, "RL problems")
     samples = _import(filter_samples_uri, dsl.Dataset, "filter-model samples")
-    digest = _digest("rl-filter inputs", problems_uri, filter_samples_uri, uris=benchmark_uris, preset=preset)
+    digest = _digest("rl-filter inputs", recompute, problems_uri, filter_samples_uri, uris=benchmark_uris,
+                     preset=preset)
     rl_data = _rl_filter(task, problems.output, samples.output, benchmark_uris, preset, overrides, run_root,
                          digest).outputs["rl_data"]
     _plan_first("klear-rl-filter", plan_cluster, plan_gpu_quota, preset, overrides)
@@ -742,11 +782,12 @@ def rl_filter_pipeline(problems_uri: str, filter_samples_uri: str, run_root: str
 
 
 def _rl_rerun(rl_task, model_uri, data_uri, preset, overrides, run_root, gpus_per_node, nodes, cpu, memory,
-              scheduling, plan_cluster, plan_gpu_quota) -> dsl.Model:
+              scheduling, plan_cluster, plan_gpu_quota, recompute) -> dsl.Model:
     policy = _import(model_uri, dsl.Model, "policy")
     data = _import(data_uri, dsl.Dataset, f"{rl_task} RL data")
     model = _gppo(rl_task, policy.output, data.output, preset, run_root, gpus_per_node, nodes, cpu, memory,
-                  scheduling, overrides).outputs["model"]
+                  scheduling, _digest(f"{rl_task} RL inputs", recompute, model_uri, data_uri, preset=preset),
+                  overrides).outputs["model"]
     _plan_first(f"klear-gppo-{rl_task}", plan_cluster, plan_gpu_quota, preset, overrides, model_uri=model_uri,
                 nodes=nodes, gpus_per_node=gpus_per_node)
     return model
@@ -756,7 +797,7 @@ def _rl_rerun(rl_task, model_uri, data_uri, preset, overrides, run_root, gpus_pe
 def gppo_math_pipeline(model_uri: str, data_uri: str, run_root: str, preset: str = "math", overrides: list = [],
                        gpus_per_node: str = GPUS, nodes: int = 1, cpu: str = RL_CPU, memory: str = NODE_MEMORY,
                        gpu_node_selector: dict = {}, gpu_tolerations: list = [],
-                       plan_cluster: str = "h100-80gb-x8", plan_gpu_quota: int = 0) -> dsl.Model:
+                       plan_cluster: str = "h100-80gb-x8", plan_gpu_quota: int = 0, recompute: str = "") -> dsl.Model:
     """Math RL with GPPO.
 
     Args:
@@ -774,16 +815,18 @@ def gppo_math_pipeline(model_uri: str, data_uri: str, run_root: str, preset: str
         plan_cluster: The node shape the first task (`klear plan`) checks this run's settings against
             (h100-80gb-x8, h200-141gb-x8); it fails the run before the stage starts.
         plan_gpu_quota: The GPUs this run may hold at once; 0: the cluster shape's nodes x GPUs.
+        recompute: Any new text (e.g. a date) makes this run train anew instead of reusing an earlier run's
+            result for the same inputs and settings (KFP's cache, keyed by content digests that fold it in).
     """
     return _rl_rerun("math", model_uri, data_uri, preset, overrides, run_root, gpus_per_node, nodes, cpu, memory,
-                     (gpu_node_selector, gpu_tolerations), plan_cluster, plan_gpu_quota)
+                     (gpu_node_selector, gpu_tolerations), plan_cluster, plan_gpu_quota, recompute)
 
 
 @dsl.pipeline(name="klear-gppo-code", description="Rerun code RL alone on an existing model and code RL data")
 def gppo_code_pipeline(model_uri: str, data_uri: str, run_root: str, preset: str = "code", overrides: list = [],
                        gpus_per_node: str = GPUS, nodes: int = 1, cpu: str = RL_CPU, memory: str = NODE_MEMORY,
                        gpu_node_selector: dict = {}, gpu_tolerations: list = [],
-                       plan_cluster: str = "h100-80gb-x8", plan_gpu_quota: int = 0) -> dsl.Model:
+                       plan_cluster: str = "h100-80gb-x8", plan_gpu_quota: int = 0, recompute: str = "") -> dsl.Model:
     """Code RL with GPPO (programs run in the sandbox).
 
     Args:
@@ -801,9 +844,11 @@ def gppo_code_pipeline(model_uri: str, data_uri: str, run_root: str, preset: str
         plan_cluster: The node shape the first task (`klear plan`) checks this run's settings against
             (h100-80gb-x8, h200-141gb-x8); it fails the run before the stage starts.
         plan_gpu_quota: The GPUs this run may hold at once; 0: the cluster shape's nodes x GPUs.
+        recompute: Any new text (e.g. a date) makes this run train anew instead of reusing an earlier run's
+            result for the same inputs and settings (KFP's cache, keyed by content digests that fold it in).
     """
     return _rl_rerun("code", model_uri, data_uri, preset, overrides, run_root, gpus_per_node, nodes, cpu, memory,
-                     (gpu_node_selector, gpu_tolerations), plan_cluster, plan_gpu_quota)
+                     (gpu_node_selector, gpu_tolerations), plan_cluster, plan_gpu_quota, recompute)
 
 
 @dsl.pipeline(name="klear-evaluate", description="Evaluate one model: sample the benchmarks, then score them")
@@ -812,7 +857,7 @@ def evaluate_pipeline(model_uri: str, run_root: str, benchmark_uris: list = [], 
                       gpus: str = MODEL_8B_POD[0], cpu: str = MODEL_8B_POD[1], memory: str = MODEL_8B_POD[2],
                       gpu_node_selector: dict = {}, gpu_tolerations: list = [], slices: int = 1,
                       judge_slices: int = 1, judge_cpu: str = JUDGE_CPU, plan_cluster: str = "h100-80gb-x8",
-                      plan_gpu_quota: int = 0) -> dsl.Markdown:
+                      plan_gpu_quota: int = 0, recompute: str = "") -> dsl.Markdown:
     """AIME/HMMT pass@1 (avg@k) of one model under the paper's protocol.
 
     Args:
@@ -836,17 +881,21 @@ def evaluate_pipeline(model_uri: str, run_root: str, benchmark_uris: list = [], 
         plan_cluster: The node shape the first task (`klear plan`) checks this run's settings against
             (h100-80gb-x8, h200-141gb-x8); it fails the run before the stage starts.
         plan_gpu_quota: The GPUs this run may hold at once; 0: the cluster shape's nodes x GPUs.
+        recompute: Any new text (e.g. a date) makes this run sample and judge anew instead of reusing an earlier run's
+            result for the same inputs and settings (KFP's cache, keyed by content digests that fold it in).
     """
     model = _import(model_uri, dsl.Model, "model")
-    digest = _digest("benchmarks", uris=benchmark_uris, preset=preset)
+    digest = _digest("benchmarks", recompute, uris=benchmark_uris, preset=preset)
     prompts = evaluation_prompts(benchmark_uris=benchmark_uris, preset=preset, overrides=overrides,
                                  sampling_overrides=sample_overrides, run_root=run_root, input_digest=digest)
     _deterministic(prompts.set_display_name("evaluate: benchmark prompts"), "2", "8Gi")
     math = _sample("eval-math", prompts.outputs["math_prompts"], sample_preset,
                    prompts.outputs["math_sample_overrides"], run_root, gpus, cpu, memory,
-                   (gpu_node_selector, gpu_tolerations), model=model.output, slices=slices)
+                   (gpu_node_selector, gpu_tolerations),
+                   _digest("model sampling inputs", recompute, model_uri, preset=sample_preset), model=model.output,
+                   slices=slices)
     judged = _judge("eval-math", math.outputs["samples"], "evaluate", preset, overrides, run_root, judge_cpu,
-                    judge_slices, benchmark_uris=benchmark_uris)
+                    judge_slices, digest, benchmark_uris=benchmark_uris)
     task = evaluate(samples=judged.outputs["judged"], benchmark_uris=benchmark_uris, preset=preset,
                     overrides=overrides, run_root=run_root, label="model", input_digest=digest)
     summary = _runs_untrusted_code(_deterministic(task.set_display_name("evaluate"), judge_cpu)).outputs["summary"]
@@ -859,7 +908,7 @@ def evaluate_pipeline(model_uri: str, run_root: str, benchmark_uris: list = [], 
 def evaluate_samples_pipeline(samples_uri: str, run_root: str, benchmark_uris: list = [], preset: str = "paper",
                               overrides: list = [], label: str = "model", judge_slices: int = 1,
                               judge_cpu: str = JUDGE_CPU, plan_cluster: str = "h100-80gb-x8",
-                              plan_gpu_quota: int = 0) -> dsl.Markdown:
+                              plan_gpu_quota: int = 0, recompute: str = "") -> dsl.Markdown:
     """Score saved samples of a model again (another protocol, a fixed verifier) without sampling.
 
     Args:
@@ -875,13 +924,15 @@ def evaluate_samples_pipeline(samples_uri: str, run_root: str, benchmark_uris: l
         plan_cluster: The node shape the first task (`klear plan`) checks this run's settings against
             (h100-80gb-x8, h200-141gb-x8); it fails the run before the stage starts.
         plan_gpu_quota: The GPUs this run may hold at once; 0: the cluster shape's nodes x GPUs.
+        recompute: Any new text (e.g. a date) makes this run judge anew instead of reusing an earlier run's
+            result for the same inputs and settings (KFP's cache, keyed by content digests that fold it in).
     """
     samples = _import(samples_uri, dsl.Dataset, "samples")
+    digest = _digest("evaluate inputs", recompute, samples_uri, uris=benchmark_uris, preset=preset)
     judged = _judge("eval-samples", samples.output, "evaluate", preset, overrides, run_root, judge_cpu, judge_slices,
-                    benchmark_uris=benchmark_uris)
+                    digest, benchmark_uris=benchmark_uris)
     task = evaluate(samples=judged.outputs["judged"], benchmark_uris=benchmark_uris, preset=preset,
-                    overrides=overrides, run_root=run_root, label=label,
-                    input_digest=_digest("evaluate inputs", samples_uri, uris=benchmark_uris, preset=preset))
+                    overrides=overrides, run_root=run_root, label=label, input_digest=digest)
     summary = _runs_untrusted_code(_deterministic(task.set_display_name("evaluate"), judge_cpu)).outputs["summary"]
     _plan_first("klear-evaluate-samples", plan_cluster, plan_gpu_quota, preset, overrides)
     return summary

@@ -1,6 +1,6 @@
 """`make demo`: the klear-reasoner pipeline end to end on this machine's CPU, with a tiny model that learns.
 
-    python -m pipelines.demo [--workdir runs/demo] [--no-s3] [--quick]
+    python -m pipelines.demo [--workdir runs/demo] [--no-s3] [--quick] [--reuse] [--arg KEY=VALUE ...]
 
 1. Starts a real SeaweedFS S3 server on loopback (the pip-installed `weed`) and puts every stage output
    there; `--no-s3` (or KLEAR_DEMO_NO_S3=1) uses plain folders under the workdir instead.
@@ -16,6 +16,11 @@
    RL's validation curve), "seconds": {stage: s, ...}} (percent), and
    <workdir>/lineage.json (.txt): the chain from that evaluation back to the demo's sources (`klear lineage`),
    and <workdir>/model-card.md: the RL model's card (README.md in its folder) with those scores.
+
+`--reuse` runs as a second run of a cluster does: the same store, inputs and run root as the workdir's earlier
+`--reuse` demo, with KFP's cache on, so every task whose inputs and settings are unchanged is served from the
+earlier run (its output stays in that run's folder) and the table says which; `--arg gppo_code_overrides=[...]`
+changes one pipeline argument (JSON values).
 """
 
 from __future__ import annotations
@@ -81,22 +86,27 @@ def object_store(workdir: Path, use_s3: bool) -> Iterator[str]:
     server = local_s3.start(workdir / "seaweedfs")
     try:
         os.environ.update(server.env)
-        boto3.client("s3", endpoint_url=server.endpoint, region_name="us-east-1").create_bucket(Bucket=BUCKET)
+        client = boto3.client("s3", endpoint_url=server.endpoint, region_name="us-east-1")
+        with contextlib.suppress(client.exceptions.BucketAlreadyOwnedByYou):  # an earlier demo's, kept (--reuse)
+            client.create_bucket(Bucket=BUCKET)
         print(f"SeaweedFS S3 on {server.endpoint}, bucket {BUCKET}", flush=True)
         yield f"s3://{BUCKET}"
     finally:
         server.stop()
 
 
-def prepare_inputs(root: str) -> dict[str, str]:
-    """Demo sources and held-out benchmark, and the tiny base model, published under `<root>/inputs`."""
+def prepare_inputs(root: str, again: bool = False) -> dict[str, str]:
+    """Demo sources and held-out benchmark, and the tiny base model, published under `<root>/inputs`; `again`:
+    those an earlier demo published there, as they are (a model built anew has other bytes, so no cache hits)."""
     from klear.demo.generate import generate
     from klear.demo.tiny_model import build
 
     data, model = f"{root}/inputs/demo-data", f"{root}/inputs/tiny-model"
+    benchmark, validation = f"{data}/demo_benchmark.jsonl", f"{root}/inputs/validation/demo_benchmark.jsonl"
+    if again and storage.exists(validation):
+        return {"data": data, "model": model, "benchmark": benchmark, "validation": validation}
     generate(data, seed=0)
     build(model, spec="demo")
-    benchmark, validation = f"{data}/demo_benchmark.jsonl", f"{root}/inputs/validation/demo_benchmark.jsonl"
     head = b"".join(storage.read_bytes(benchmark).splitlines(keepends=True)[:VALIDATION_PROBLEMS])
     storage.write_bytes(storage.Uri.parse(validation), head)
     return {"data": data, "model": model, "benchmark": benchmark, "validation": validation}
@@ -114,12 +124,29 @@ def pipeline_arguments(inputs: dict[str, str], run_root: str, quick: bool) -> di
     return {**arguments, "gppo_math_overrides": [*validation, *arguments.get("gppo_math_overrides", [])]}
 
 
-def run_folder(run_root: str) -> storage.Uri:
-    """The one run under `run_root` (kfp.local names it after its job id)."""
-    runs = sorted({name.split("/", 1)[0] for name in storage.list_files(run_root)})
-    if len(runs) != 1:
-        raise RuntimeError(f"expected one pipeline run under {run_root}, found {runs}")
-    return storage.Uri.parse(run_root).join(runs[0])
+def run_names(run_root: str) -> list[str]:
+    """The runs under `run_root` (kfp.local names them after their run id), oldest first; not the work areas."""
+    return sorted({name.split("/", 1)[0] for name in storage.list_files(run_root)} - {"work"})
+
+
+def newest_output(run_root: str, stage: str) -> storage.Uri:
+    """`<run>/<stage>` of the newest run that published it: this run's, or an earlier run's the cache served."""
+    for name in reversed(run_names(run_root)):
+        folder = storage.Uri.parse(run_root).join(name, stage)
+        if storage.exists(folder.join(storage.MANIFEST_NAME)):
+            return folder
+    raise RuntimeError(f"no run under {run_root} published {stage}")
+
+
+def reused_outputs(run_root: str, run: storage.Uri) -> dict[str, str]:
+    """Each stage output this run took from an earlier run (a cache hit): stage -> that run."""
+    made = {name.split("/", 1)[0] for name in storage.list_files(run)}
+    reused = {}
+    for name in run_names(run_root):
+        for folder in {path.split("/", 1)[0] for path in storage.list_files(storage.Uri.parse(run_root).join(name))}:
+            if folder not in made:
+                reused[folder] = name
+    return dict(sorted(reused.items()))
 
 
 def stage_seconds(run: storage.Uri, started: float) -> dict[str, float]:
@@ -174,7 +201,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-s3", action="store_true", default=os.environ.get("KLEAR_DEMO_NO_S3") == "1",
                         help="plain folders instead of a SeaweedFS server")
     parser.add_argument("--quick", action="store_true", help="shorter training and evaluation (the CI test)")
+    parser.add_argument("--reuse", action="store_true",
+                        help="the store, inputs and run root of the workdir's earlier --reuse demo, KFP's cache on")
+    parser.add_argument("--arg", action="append", default=[], metavar="KEY=VALUE",
+                        help="a pipeline argument (JSON value, else a string), e.g. gppo_code_overrides='[\"seed=1\"]'")
     args = parser.parse_args(argv)
+    changed = dict(_argument(text) for text in args.arg)
     # A stopped demo (Ctrl-C, `kill`) still stops the S3 server it started: SIGTERM unwinds like Ctrl-C.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
@@ -184,18 +216,23 @@ def main(argv: list[str] | None = None) -> int:
     started = time.time()
     compile_all()  # the DAG as the code defines it now, as `make pipeline` writes it
     with object_store(args.workdir, not args.no_s3) as root:
-        root = f"{root}/{time.strftime('%Y%m%d-%H%M%S')}"
-        inputs = prepare_inputs(root)
+        root = f"{root}/reuse" if args.reuse else f"{root}/{time.strftime('%Y%m%d-%H%M%S')}"
+        inputs = prepare_inputs(root, again=args.reuse)
         run_root = f"{root}/runs"
-        run_compiled("klear-reasoner", args.workdir, pipeline_arguments(inputs, run_root, args.quick))
-        run = run_folder(run_root)
-        evaluation = json.loads(storage.read_bytes(run.join("evaluate", "report.json")))
+        earlier = set(run_names(run_root))
+        run_compiled("klear-reasoner", args.workdir, {**pipeline_arguments(inputs, run_root, args.quick), **changed},
+                     cache=args.reuse)
+        (new_run,) = set(run_names(run_root)) - earlier
+        run = storage.Uri.parse(run_root).join(new_run)
+        evaluation = json.loads(storage.read_bytes(newest_output(run_root, "evaluate").join("report.json")))
         summary = summarize(evaluation, stage_seconds(run, started), time.time() - started)
-        summary["validation"] = validation_curve(json.loads(storage.read_bytes(run.join("gppo-math", "report.json"))))
+        summary["reused"] = reused_outputs(run_root, run)
+        math_rl = newest_output(run_root, "gppo-math")
+        summary["validation"] = validation_curve(json.loads(storage.read_bytes(math_rl.join("report.json"))))
         report_html = args.workdir / "report.html"
-        report_html.write_bytes(storage.read_bytes(run.join("evaluate", "report.html")))
-        write_lineage(str(run.join("evaluate")), args.workdir)
-        print(storage.read_bytes(run.join("evaluate", "report.md")).decode())
+        report_html.write_bytes(storage.read_bytes(newest_output(run_root, "evaluate").join("report.html")))
+        write_lineage(str(newest_output(run_root, "evaluate")), args.workdir)
+        print(storage.read_bytes(newest_output(run_root, "evaluate").join("report.md")).decode())
     (args.workdir / "summary.json").write_text(json.dumps(summary, indent=2))
     print(_table(summary))
     print(f"\nHTML report: {report_html.resolve()}\nsummary: {(args.workdir / 'summary.json').resolve()}")
@@ -207,7 +244,18 @@ def _table(summary: dict[str, Any]) -> str:
     lines += [f"| {label} | {summary[label]['pass@1']:.1f} ± {summary[label]['stderr']:.1f} |" for label in LABELS]
     lines += ["", "| stage | seconds |", "|---|---|"]
     lines += [f"| {stage} | {s:.0f} |" for stage, s in summary["seconds"].items()]
+    lines += [f"| {stage} | reused from run {run} |" for stage, run in summary.get("reused", {}).items()]
     return "\n".join(lines)
+
+
+def _argument(text: str) -> tuple[str, Any]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise SystemExit(f"--arg {text!r}: expected KEY=VALUE")
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value
 
 
 if __name__ == "__main__":

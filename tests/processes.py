@@ -8,7 +8,7 @@ import signal
 import subprocess
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -91,3 +91,19 @@ def served_on_loopback(command: list[str], env: dict[str, str] | None, log: Path
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
+
+
+def kill_once_parts_are_up(process: subprocess.Popen, out: str, parts: Callable[[str], list[str]], count: int,
+                           deadline: float) -> None:
+    """SIGKILL `process` once the output `out` holds at least `count` of its `parts(out)` and no manifest: a merge
+    under way, killed between two uploads."""
+    from klear.common import storage
+
+    while process.poll() is None and time.monotonic() < deadline:
+        if len(parts(out)) >= count and not storage.exists(storage.Uri.parse(out).join(storage.MANIFEST_NAME)):
+            process.send_signal(signal.SIGKILL)
+            process.wait()
+            return
+        time.sleep(0.005)
+    raise AssertionError(f"the merge ended (exit {process.poll()}) before {count} parts were up: "
+                         f"{process.communicate()[1][-2000:]}")

@@ -60,6 +60,16 @@ def test_another_commands_work_area_is_refused_and_never_emptied(where: str, s3_
     assert sorted(storage.list_files(work)) == ["important.txt", "slices/0-of-2/failed.parquet", "slices/keep.txt"]
 
 
+def test_another_slices_write_probe_is_not_foreign(tmp_path: Path) -> None:
+    """Slices that start together: one's write probe (deleted at once) may be listed by the other's check."""
+    samples = _samples(str(tmp_path / "s8"))
+    work = tmp_path / "shared.work"
+    storage.write_bytes(storage.Uri.parse(str(work)).join(f"{storage.PROBE_PREFIX}of-another-slice"), b"")
+    done = klear("judge", "--samples", samples, "--output", str(tmp_path / "judged"), "--work", str(work),
+                 "--slice", "0/2", "--config", "tiny")
+    assert done.returncode == 0, done.stderr
+
+
 def test_a_merge_deletes_only_what_its_slices_wrote(tmp_path: Path) -> None:
     samples = _samples(str(tmp_path / "s8"))
     out, work = tmp_path / "judged", tmp_path / "shared.work"

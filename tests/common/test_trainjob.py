@@ -82,40 +82,48 @@ LAUNCHER_SPEC = {  # as the API returns the launching pod (sanitize_for_serializ
     "serviceAccountName": "pipeline-runner",
     "restartPolicy": "Never",
 }
-LAUNCHER_POD = {"metadata": {"labels": {"klear.io/runs-untrusted-code": "true", "pipeline/runid": "3f6c"}},
+WORKFLOW = {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow", "name": "klear-reasoner-x7k2p",
+            "uid": "5d0c6a1e-0000-4000-8000-000000000001", "controller": True, "blockOwnerDeletion": True}
+LAUNCHER_POD = {"metadata": {"labels": {"klear.io/runs-untrusted-code": "true", "pipeline/runid": "3f6c"},
+                             "ownerReferences": [WORKFLOW]},
                 "spec": LAUNCHER_SPEC}
+RUN_ID = "3f6c0a52-1b7e-4d8e-9d0a-5a3c2b1e0f99"
 
 
-def _environ(pod: str) -> dict[str, str]:
+def _environ(pod: str, run_id: str = RUN_ID) -> dict[str, str]:
     return {"KLEAR_TRAIN_IMAGE": "registry.example.com/klear/klear-gpu:1.2.3", "KLEAR_POD_NAME": pod,
-            "KLEAR_POD_UID": f"uid-of-{pod}", "KLEAR_RUN_ID": "3f6c0a52-1b7e-4d8e-9d0a-5a3c2b1e0f99"}
+            "KLEAR_RUN_ID": run_id}
 
 
 @pytest.mark.parametrize("api", ["v1", "v2"])
-def test_both_rl_runs_of_one_run_get_distinct_owned_jobs(api: str) -> None:
-    """gppo-math and gppo-code of one run, and a retry of gppo-math: three names, each owned by its pod, all
-    with the compiled image and the launching pod's scheduling."""
+def test_a_retried_launcher_names_the_same_job_and_the_run_owns_it(api: str) -> None:
+    """gppo-math and gppo-code of one run get two jobs; a retry of gppo-math (another pod) names gppo-math's job,
+    so it re-attaches; another run gets its own. Every job is owned by the run's Workflow, not by a pod, and
+    runs the compiled image with the launching pod's scheduling."""
     from klear.gppo.stage import STAGE as GPPO
     from klear.training.trainjob import plan_job
 
     jobs = []
-    for step, pod in (("gppo-math", "klear-reasoner-x7k2p-system-container-impl-1"),
-                      ("gppo-code", "klear-reasoner-x7k2p-system-container-impl-2"),
-                      ("gppo-math", "klear-reasoner-x7k2p-system-container-impl-3")):  # the retry
-        environ = {**_environ(pod), **({"KLEAR_TRAINER_API": "v2", "KLEAR_TRAINER_RUNTIME": "klear-torch"}
-                                       if api == "v2" else {})}
+    for step, pod, run_id in (("gppo-math", "klear-reasoner-x7k2p-system-container-impl-1", RUN_ID),
+                              ("gppo-code", "klear-reasoner-x7k2p-system-container-impl-2", RUN_ID),
+                              ("gppo-math", "klear-reasoner-x7k2p-system-container-impl-3", RUN_ID),  # the retry
+                              ("gppo-math", "klear-reasoner-q9m4z-system-container-impl-1", "another-run")):
+        environ = {**_environ(pod, run_id), **({"KLEAR_TRAINER_API": "v2", "KLEAR_TRAINER_RUNTIME": "klear-torch"}
+                                               if api == "v2" else {})}
         spec, v2 = plan_job(GPPO, step, "s3://m", ["s3://d"], f"s3://runs/r/{step}", step.split("-")[1], [], 2, 8,
                             environ, "team-a", LAUNCHER_POD)
         assert v2 == (api == "v2")
         job = render_trainjob(spec) if v2 else render_pytorchjob(spec)
         assert validate_manifest(job) == [], validate_manifest(job)
         jobs.append(job)
-    names = [job["metadata"]["name"] for job in jobs]
-    assert len(set(names)) == 3 and all(len(n) <= 63 and n.startswith("klear-gppo-") for n in names)
-    for job, pod in zip(jobs, ("impl-1", "impl-2", "impl-3")):
+    math, code, retry, other_run = [job["metadata"]["name"] for job in jobs]
+    assert retry == math and len({math, code, other_run}) == 3
+    assert all(len(n) <= 63 and n.startswith("klear-gppo-") for n in (math, code, other_run))
+    for job in jobs:
         (owner,) = job["metadata"]["ownerReferences"]
-        assert owner["kind"] == "Pod" and owner["name"].endswith(pod) and owner["uid"].endswith(pod)
-        assert job["metadata"]["labels"]["klear.io/run-id"] == _environ("")["KLEAR_RUN_ID"]
+        assert owner == {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow", "name": WORKFLOW["name"],
+                         "uid": WORKFLOW["uid"], "blockOwnerDeletion": False}
+    assert jobs[0]["metadata"]["labels"]["klear.io/run-id"] == RUN_ID
     if api == "v1":
         pod_spec = jobs[0]["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
         assert pod_spec["containers"][0]["image"] == "registry.example.com/klear/klear-gpu:1.2.3"
@@ -138,8 +146,47 @@ def test_both_rl_runs_of_one_run_get_distinct_owned_jobs(api: str) -> None:
 def test_plan_names_every_missing_variable() -> None:
     from klear.training.trainjob import plan_job
 
-    with pytest.raises(RuntimeError, match="KLEAR_TRAIN_IMAGE, KLEAR_POD_UID"):
-        plan_job(SFT, "sft", "m", ["d"], "o", "paper", [], 2, 8, {"KLEAR_POD_NAME": "p", "KLEAR_RUN_ID": "r"}, "ns", {})
+    with pytest.raises(RuntimeError, match="KLEAR_TRAIN_IMAGE, KLEAR_RUN_ID"):
+        plan_job(SFT, "sft", "m", ["d"], "o", "paper", [], 2, 8, {"KLEAR_POD_NAME": "p"}, "ns", {})
+
+
+def test_outside_a_workflow_the_job_has_no_owner() -> None:
+    from klear.training.trainjob import plan_job
+
+    spec, _ = plan_job(SFT, "sft", "m", ["d"], "o", "paper", [], 2, 8, _environ("p"), "ns",
+                       {"metadata": {"ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": "n", "uid": "u"}]}})
+    assert spec.owner is None and "ownerReferences" not in render_pytorchjob(spec)["metadata"]
+
+
+@pytest.mark.parametrize(("state", "decision"), [(None, "create"), ("pending", "attach"), ("running", "attach"),
+                                                 ("succeeded", "done"), ("failed", "replace")])
+def test_attach_decision(state: str | None, decision: str) -> None:
+    from klear.training.trainjob import attach_decision
+
+    assert attach_decision(state) == decision
+
+
+def test_a_reconnected_kubelet_stream_skips_what_was_printed() -> None:
+    """Lines read with timestamps=true: marks sort as times (fractions of any length), a reconnected stream starts
+    a second early (sinceSeconds) and what was printed already is skipped."""
+    from datetime import UTC, datetime
+
+    from klear.training.trainjob import lines_after, since_seconds, timestamped_line
+
+    first = ["2026-12-06T08:00:00.5Z step 1\n", "2026-12-06T08:00:00.123456789Z step 2\n",
+             "2026-12-06T08:00:01Z step 3\n"]
+    assert timestamped_line(first[0]) == ("2026-12-06T08:00:00.500000000", "step 1")
+    assert timestamped_line(first[2]) == ("2026-12-06T08:00:01.000000000", "step 3")
+    marks = [timestamped_line(line)[0] for line in first]
+    assert marks[1] < marks[0] < marks[2]
+    seen = "2026-12-06T08:00:00.500000000"  # "step 1" was the last line printed before the stream broke
+    again = ["2026-12-06T07:59:59.9Z step 0\n", first[0], "2026-12-06T08:00:00.500000001Z step 1b\n", first[2]]
+    assert [text for _, text in lines_after(again, seen)] == ["step 1b", "step 3"]
+    assert [text for _, text in lines_after(first[:1], None)] == ["step 1"]
+    assert since_seconds(None, datetime.now(UTC)) is None
+    assert since_seconds(seen, datetime(2026, 12, 6, 8, 0, 10, tzinfo=UTC)) == 11  # 9.5 s ago, rounded up, + 1
+    with pytest.raises(ValueError, match="log line without a timestamp: 'step 4'"):
+        timestamped_line("step 4")
 
 
 def test_region_is_optional_in_the_secret() -> None:

@@ -32,6 +32,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "teacher": {"enabled": True, "model": {"s3Uri": "s3://models/r1"}, "tolerations": [GPU_TOLERATION],
                     "nodeSelector": GPU_NODES},
         "uploadJob": {"enabled": True, "tolerations": [GPU_TOLERATION], "nodeSelector": {"pool": "cpu"}},
+        "argoRetryDefaults": {"enabled": True, "tolerations": [GPU_TOLERATION], "nodeSelector": {"pool": "cpu"}},
         "trainingRuntime": {"create": True, "tolerations": [GPU_TOLERATION], "nodeSelector": GPU_NODES}}),
     "deny-all": merge(CREDENTIALS, {"networkPolicy": {"allowDNS": False, "allowWithinGroup": False, "egress": []},
                                     "launcherConfig": {"create": False}, "rbac": {"create": False}}),
@@ -39,6 +40,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
     "https-store": merge(CREDENTIALS, {"s3": {"endpoint": "https://s3.eu-west-1.amazonaws.com", "region": "eu-west-1"}}),
     "tracking": merge(CREDENTIALS, {"tracking": {"mlflowTrackingUri": "https://mlflow.example.com",
                                                  "mlflowTrackingPassword": "pw", "wandbApiKey": "key"}}),
+    "argo-retry-defaults": merge(CREDENTIALS, {"argoRetryDefaults": {"enabled": True}}),
 }
 
 
@@ -76,7 +78,7 @@ def test_validation_catches_a_broken_manifest(rendered: dict[str, list[dict[str,
 def test_every_kind_has_a_schema(rendered: dict[str, list[dict[str, Any]]]) -> None:
     kinds = {obj["kind"] for objects in rendered.values() for obj in objects}
     expected = {"Secret", "ConfigMap", "Role", "RoleBinding", "NetworkPolicy", "Deployment", "Service", "Job",
-                "ClusterTrainingRuntime"}
+                "ClusterTrainingRuntime", "ServiceAccount"}
     assert kinds == expected  # a new kind must be added here and validated (validation_errors raises if unknown)
 
 
@@ -93,6 +95,8 @@ def test_every_kind_has_a_schema(rendered: dict[str, list[dict[str, Any]]]) -> N
     {"teacher": {"tolerations": [{"key": "gpu", "effect": "Sometimes"}]}},
     {"uploadJob": {"kfpHost": "ml-pipeline:8888"}},
     {"networkPolicy": {"apiServer": {"cidrs": ["kubernetes.default"]}}},
+    {"argoRetryDefaults": {"enabled": True, "namespace": "Kube Flow"}},
+    {"argoRetryDefaults": {"enabled": True, "retryPolicy": "Always"}},
 ])
 def test_schema_refuses_wrong_values(bad: dict[str, Any]) -> None:
     with helm.Chart.load(CHART) as chart:

@@ -6,6 +6,7 @@ import pytest
 from google.protobuf import json_format
 
 from pipelines.compile import validate
+from tests.pipelines.test_sample_slices import _source
 
 # The display name of each judging use's merge -> (its slice-count parameter, the stage whose judge settings it
 # uses, the task every problem is judged as).
@@ -50,8 +51,11 @@ def test_each_judging_use_is_a_parallel_for_of_slices_then_a_merge(spec) -> None
                                .removesuffix("-Output")]
             # Inside a condition (evaluate_code) a pipeline parameter comes as a channel.
             count = lister.inputs.parameters["count"].component_input_parameter.removeprefix("pipelinechannel--")
-            assert piece.retry_policy.max_retry_count == 3 and not piece.caching_options.enable_cache, use
+            # Retried, and cached like the merge: keyed by the same content digest (so one work area).
+            assert piece.retry_policy.max_retry_count == 3 and piece.caching_options.enable_cache, use
+            assert task.caching_options.enable_cache, use
             # Slices and merge write one output (one work area), judged under one stage's settings.
+            assert _source(piece.inputs.parameters["input_digest"]) == _source(task.inputs.parameters["input_digest"])
             for key in ("name", "config_of", "task", "preset", "run_root"):
                 assert _constant(piece.inputs.parameters[key]) == _constant(task.inputs.parameters[key]), (use, key)
             assert piece.inputs.parameters["cpu"].component_input_parameter.endswith("judge_cpu"), use

@@ -101,9 +101,14 @@ def test_cluster_settings_survive_compilation(compiled: Path) -> None:
     for prefix in ("sample: teacher", "sft:", "math RL: GPPO"):
         task = tasks[_task_named(spec, prefix)]
         assert task.retry_policy.max_retry_count == 3, prefix
-        assert not task.caching_options.enable_cache, prefix
-    for prefix in ("curate", "sft-data", "rl-filter: math", "evaluate: AIME / HMMT"):
-        assert tasks[_task_named(spec, prefix)].caching_options.enable_cache, prefix
+    # Every stage task is cached, keyed by a content digest (never cached itself) that folds in `recompute`.
+    for prefix in ("curate", "sample: teacher", "sft-data", "sft:", "rl-filter: math", "math RL: GPPO",
+                   "evaluate: AIME / HMMT"):
+        task = tasks[_task_named(spec, prefix)]
+        assert task.caching_options.enable_cache, prefix
+        digest = tasks[task.inputs.parameters["input_digest"].task_output_parameter.producer_task]
+        assert not digest.caching_options.enable_cache, prefix
+        assert digest.inputs.parameters["recompute"].component_input_parameter == "recompute", prefix
 
 
 def _task_named(spec, display_prefix: str) -> str:
@@ -133,8 +138,9 @@ def test_training_resources_are_run_time_parameters(compiled: Path) -> None:
 
     for training, gpus, nodes in (("sft", "sft_gpus_per_node", "sft_nodes"),
                                   (_task_named(full, "code RL: GPPO"), "rl_gpus_per_node", "rl_nodes")):
-        (size_name,) = {parameter.task_output_parameter.producer_task for parameter
-                        in tasks[training].inputs.parameters.values() if parameter.task_output_parameter.producer_task}
+        (size_name,) = {parameter.task_output_parameter.producer_task for key, parameter
+                        in tasks[training].inputs.parameters.items()
+                        if parameter.task_output_parameter.producer_task and key != "input_digest"}
         assert size_name.startswith("launcher-resources") and size_name in tasks[training].dependent_tasks
         assert tasks[size_name].inputs.parameters["gpus_per_node"].component_input_parameter == gpus
         assert tasks[size_name].inputs.parameters["nodes"].component_input_parameter == nodes
@@ -179,7 +185,7 @@ def test_pods_know_their_run_and_training_pods_their_image_and_scheduling(compil
     document = yaml.safe_load((compiled / "klear-reasoner.yaml").read_text().split("\n---\n")[0])
     for executor in ("exec-sft", "exec-gppo", "exec-gppo-2"):
         fields = {e["name"]: e["fieldPath"] for e in platform[executor]["fieldPathAsEnv"]}
-        assert fields["KLEAR_POD_NAME"] == "metadata.name" and fields["KLEAR_POD_UID"] == "metadata.uid"
+        assert fields["KLEAR_POD_NAME"] == "metadata.name" and "KLEAR_POD_UID" not in fields
         assert platform[executor]["nodeSelector"]["nodeSelectorJson"]["componentInputParameter"] == "gpu_node_selector"
         assert platform[executor]["tolerations"][0]["tolerationJson"]["componentInputParameter"] == "gpu_tolerations"
         container = document["deploymentSpec"]["executors"][executor]["container"]
@@ -233,8 +239,7 @@ def test_multi_node_jobs_run_the_image_compiled_in(tmp_path: Path, repo_root: Pa
         container = document["deploymentSpec"]["executors"][executor]["container"]
         environ = {e["name"]: e["value"] for e in container["env"]}
         # What the downward API adds on the cluster.
-        environ |= {"KLEAR_POD_NAME": f"klear-reasoner-abc12-impl-{number}", "KLEAR_POD_UID": f"uid-{number}",
-                    "KLEAR_RUN_ID": "3f6c0a52"}
+        environ |= {"KLEAR_POD_NAME": f"klear-reasoner-abc12-impl-{number}", "KLEAR_RUN_ID": "3f6c0a52"}
         spec, v2 = plan_job(GPPO, step, "s3://m", ["s3://d"], "s3://o", step.split("-")[1], [], 4, 8, environ,
                             "ns", {})
         job = render_trainjob(spec)

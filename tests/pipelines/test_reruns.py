@@ -31,7 +31,8 @@ def _answer(value: int) -> str:
 
 
 def _runs(run_root: str) -> set[str]:
-    return {name.split("/", 1)[0] for name in storage.list_files(run_root)}
+    """The runs under `run_root`; not the work areas (`work/`, shared by runs of the same inputs)."""
+    return {name.split("/", 1)[0] for name in storage.list_files(run_root)} - {"work"}
 
 
 @pytest.mark.slow
@@ -213,3 +214,42 @@ def test_evaluate_samples_through_run_local_with_overrides(compiled: Path, s3_bu
         _run_local(command, capsys)  # the protocol's k=4: too few samples
     _, printed = _run_local([*command, "--arg", "overrides=[benchmarks.demo.k=2]"], capsys)
     assert "Demo column addition" in printed and "50.0" in printed
+
+
+@pytest.mark.slow
+def test_a_new_run_reuses_the_units_and_the_cached_sampling_of_an_earlier_one(compiled: Path, s3_bucket: str,
+                                                                             tmp_path: Path) -> None:
+    """klear-sample over two slices. Without the cache, a second run finds every unit the first left in the one
+    work area both share (keyed by prompts, model and settings, not by the run) and samples none. With the cache,
+    an unchanged run is served from an earlier one (no new output), and a new `recompute` text samples anew."""
+    rows = [{"id": f"p{i}", "prompt": f"What is {i} + 1?", "answer": str(i + 1),
+             "generations": [_answer(i + 1), _answer(i + 2)]} for i in range(6)]
+    run_root = f"{s3_bucket}/runs"
+    arguments = {"prompts_uri": _put_jsonl(f"{s3_bucket}/inputs/prompts.jsonl", rows), "name": "teacher",
+                 "preset": "tiny", "overrides": ["backend=records", "n=2", "keep_work=true"], "gpus": "0",
+                 "slices": 2, "run_root": run_root}
+
+    def sampled(uri: str) -> dict[str, tuple[int, int]]:
+        report = json.loads(storage.read_bytes(storage.Uri.parse(uri).join("report.json")))
+        return {part: (units["done_before"], units["sampled"]) for part, units in report["slices"].items()}
+
+    def work_files() -> dict[str, int]:
+        return {name: len(storage.read_bytes(f"{run_root}/work/{name}")) for name in storage.list_files(f"{run_root}/work")
+                if name.endswith(".parquet")}
+
+    first = run_compiled("klear-sample", tmp_path / "kfp", arguments, compiled).output.metadata["uri"]
+    assert sum(done for done, _ in sampled(first).values()) == 0 and sum(n for _, n in sampled(first).values()) == 12
+    (area,) = {name.split("/", 1)[0] for name in work_files()}
+    assert area.startswith("sample-teacher-"), area
+    shards = work_files()
+    second = run_compiled("klear-sample", tmp_path / "kfp", arguments, compiled).output.metadata["uri"]
+    found = sorted((sampled_before, 0) for _, sampled_before in sampled(first).values())
+    assert second != first and sorted(sampled(second).values()) == found  # every unit found, none sampled
+    assert work_files() == shards  # not a shard written
+
+    cached = run_compiled("klear-sample", tmp_path / "cached", arguments, compiled, cache=True).output.metadata["uri"]
+    again = run_compiled("klear-sample", tmp_path / "cached", arguments, compiled, cache=True).output.metadata["uri"]
+    assert again == cached and len(_runs(run_root)) == 3  # served from the cache: no output written
+    forced = run_compiled("klear-sample", tmp_path / "cached", {**arguments, "recompute": "2026-12-06"}, compiled,
+                          cache=True).output.metadata["uri"]
+    assert forced != cached and sorted(sampled(forced).values()) == sorted(sampled(first).values())  # sampled anew

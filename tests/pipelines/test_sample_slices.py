@@ -81,10 +81,12 @@ def test_every_sampling_use_of_the_recipe_is_a_parallel_for_of_slices_then_a_mer
         count = parameters[fan_out["count"]]
         assert count.default_value.number_value == 1 and count.description.strip(), use
         piece, merge = fan_out["slice"], fan_out["merge"]
-        assert piece.retry_policy.max_retry_count == 3 and not piece.caching_options.enable_cache, use
-        assert merge.retry_policy.max_retry_count == 3 and not merge.caching_options.enable_cache, use
+        # Retried, and cached: keyed by the content digest of what they read, as the work area they share is.
+        assert piece.retry_policy.max_retry_count == 3 and piece.caching_options.enable_cache, use
+        assert merge.retry_policy.max_retry_count == 3 and merge.caching_options.enable_cache, use
         # Slices and merge of one use write one output (and so share its work area): the same name and run root.
-        for key in ("name", "run_root", "preset", "overrides", "endpoint", "served_model", "model_uri"):
+        for key in ("name", "run_root", "preset", "overrides", "endpoint", "served_model", "model_uri",
+                    "input_digest"):
             assert _source(piece.inputs.parameters[key]) == _source(merge.inputs.parameters[key]), (use, key)
         assert piece.inputs.parameters["name"].runtime_value.constant.string_value == use
         assert merge.inputs.parameters["name"].runtime_value.constant.string_value == use

@@ -147,14 +147,21 @@ def test_a_pod_larger_than_a_node_and_a_model_without_a_gpu_are_named() -> None:
 
 
 def test_a_merge_larger_than_its_scratch_is_named() -> None:
-    """1M curated prompts x 8 reference samples of ~13K tokens: the judge merge of the reference's samples stages its
-    whole output, twice, more than its volume; the sample merges upload each part as it closes and fit."""
+    """1M curated prompts x 8 reference samples of ~13K tokens (~400 GiB of judged rows): every merge uploads each
+    part as it closes, a judge merge reads its samples a part at a time, and each fits its volume. A judge merge
+    told to write 10M rows per part, at 2M prompts, holds two such parts: more than its volume, and named."""
     code, report = plan_in_root("--prompts", "1000000")
-    (bad,) = failed(report)
-    assert code == 1 and bad["check"] == "disk: reference_overrides judge merge", bad
-    assert "> scratch volume 512Gi" in bad["detail"] and "1,000,000 prompts" in bad["detail"]
+    assert code == 0, failed(report)
+    judged = next(c for c in report["checks"] if c["check"] == "disk: reference_overrides judge merge")
+    assert judged["ok"] and "8,000,000 rows" in judged["detail"] and "~15 GiB <= scratch volume" in judged["detail"]
+    assert "1 samples part of rows_per_part 100,000" in judged["detail"], judged
+    assert "at most 2 parts of sft_data_overrides judge.rows_per_shard 100,000" in judged["detail"], judged
     teacher = next(c for c in report["checks"] if c["check"] == "disk: teacher_overrides merge")
     assert teacher["ok"] and "16,000,000 rows" in teacher["detail"] and "at most 2 parts" in teacher["detail"]
+    code, report = plan_in_root("--prompts", "2000000", "--arg", 'sft_data_overrides=["judge.rows_per_shard=10000000"]')
+    (bad,) = failed(report)
+    assert code == 1 and bad["check"] == "disk: reference_overrides judge merge", bad
+    assert "judge.rows_per_shard 10,000,000" in bad["detail"] and "> scratch volume 512Gi" in bad["detail"], bad
     # A teacher folder downloaded into each slice pod rather than served: refused, with the way out.
     code, report = plan_in_root("--arg", "teacher_model_uri=s3://models/r1", "--arg", 'teacher_gpus="8"')
     (bad,) = failed(report)

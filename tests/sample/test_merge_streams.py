@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import time
 from pathlib import Path
@@ -15,6 +14,7 @@ import pytest
 
 from klear.common import storage
 from klear.sample.stage import iter_rows, run
+from tests.processes import kill_once_parts_are_up
 from tests.sample.conftest import fast_config, write_prompts
 from tests.sample.fake_server import FakeServer
 from tests.sample.test_slices import N, _check_rows, _command
@@ -27,18 +27,6 @@ def _parts(out: str) -> list[str]:
 def _staged_parts(scratch: Path) -> list[Path]:
     """The Parquet parts a merge holds in its staging folder (under its TMPDIR)."""
     return sorted(scratch.glob("klear-sample-*/samples/*.parquet"))
-
-
-def _kill_once_parts_are_up(process: subprocess.Popen, out: str, parts: int, deadline: float) -> None:
-    """SIGKILL `process` once the output holds at least `parts` sample parts and no manifest (a merge under way)."""
-    while process.poll() is None and time.monotonic() < deadline:
-        if len(_parts(out)) >= parts and not storage.exists(storage.Uri.parse(out).join(storage.MANIFEST_NAME)):
-            process.send_signal(signal.SIGKILL)
-            process.wait()
-            return
-        time.sleep(0.005)
-    raise AssertionError(f"the merge ended (exit {process.poll()}) before {parts} parts were up: "
-                         f"{process.communicate()[1][-2000:]}")
 
 
 def test_a_merge_killed_after_some_parts_went_up_leaves_no_manifest_and_its_rerun_publishes_once(
@@ -65,7 +53,7 @@ def test_a_merge_killed_after_some_parts_went_up_leaves_no_manifest_and_its_reru
         merge = subprocess.Popen(_command(str(prompts), out, server.url, "--merge", "--set", "rows_per_part=1"),
                                  env={**os.environ, "TMPDIR": str(scratch)}, stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE, text=True)
-        _kill_once_parts_are_up(merge, out, 8, time.monotonic() + 120)
+        kill_once_parts_are_up(merge, out, _parts, 8, time.monotonic() + 120)
         merge.communicate()
         # Each part left the pod's disk once it was up: the merge held the part being written (and the one going
         # up), not the 180 parts the publish of a whole staging folder holds.

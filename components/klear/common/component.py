@@ -13,7 +13,7 @@ from klear.common.images import CPU_IMAGE
 
 @dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
 def digest_inputs(uri: str = "", second_uri: str = "", third_uri: str = "", uris: list = [],
-                  preset: str = "") -> str:
+                  preset: str = "", recompute: str = "") -> str:
     """sha256 of the content of the inputs a stage reads: published outputs by their manifests' checksums, S3
     objects by ETag and size, local files by their bytes; its config file and the files of its `base` chain too.
 
@@ -24,10 +24,12 @@ def digest_inputs(uri: str = "", second_uri: str = "", third_uri: str = "", uris
         uris: More inputs (e.g. the benchmark files), each optionally with a `#...` field mapping.
         preset: The stage's config: a preset name (shipped with the code: nothing to read), a YAML file or URI
             (read, with every file or URI its `base` chain names), or "".
+        recompute: The run's recompute text, folded into the digest: a new text gives new cache keys.
     """
     from klear.common import config, kfp_io
 
-    return kfp_io.inputs_digest([uri, second_uri, third_uri, *uris, *config.config_files(preset)])
+    digest = kfp_io.inputs_digest([uri, second_uri, third_uri, *uris, *config.config_files(preset)])
+    return kfp_io.content_key({"inputs": digest, "recompute": recompute}) if recompute else digest
 
 
 @dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)

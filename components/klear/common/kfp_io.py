@@ -3,6 +3,8 @@
 A stage writes to `<run_root>/<run id>/<stage>` on object storage, as it goes: shards, checkpoints and
 the final manifest, so a retried pod resumes from what its predecessor published. The output artifact's
 metadata records that URI, so the next stage, the UI's lineage view and single-stage reruns find the data.
+The work areas of sampling and judging uses are keyed by content instead (`<run_root>/work/<use>-<key>`): a new
+run with the same inputs and settings finds every unit an earlier run left there.
 
 The run id comes from the environment, not from a task parameter: a parameter that changes every run
 would be part of KFP's cache key and no deterministic stage could ever be served from the cache. On a
@@ -15,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 URI_KEY = "uri"
@@ -23,9 +25,10 @@ URI_KEY = "uri"
 
 RUN_ID_ENV = "KLEAR_RUN_ID"
 # Set by the compiled pipeline on a training stage's launching pod, read by klear.training.trainjob: the image
-# its multi-node jobs run (the one compiled in), the pod's own name and uid (the jobs' owner), and the kind of
+# its multi-node jobs run (the one compiled in), the pod's own name (its scheduling and its owner, the run's
+# Workflow, become the job's), and the kind of
 # Kubeflow Trainer job (KLEAR_TRAINER_API=v2: TrainJob on runtime KLEAR_TRAINER_RUNTIME; else PyTorchJob).
-IMAGE_ENV, POD_NAME_ENV, POD_UID_ENV = "KLEAR_TRAIN_IMAGE", "KLEAR_POD_NAME", "KLEAR_POD_UID"
+IMAGE_ENV, POD_NAME_ENV = "KLEAR_TRAIN_IMAGE", "KLEAR_POD_NAME"
 API_ENV, RUNTIME_ENV = "KLEAR_TRAINER_API", "KLEAR_TRAINER_RUNTIME"
 
 
@@ -60,12 +63,28 @@ def run_id() -> str:
     return value
 
 
-def output_location(run_root: str, stage: str) -> str:
-    """`<run_root>/<run id>/<stage>`: where a stage publishes, the same for every retry of its pod."""
+def _root(run_root: str) -> str:
     if not run_root.strip():
         raise ValueError("run_root is empty: name the object-storage folder for stage outputs and checkpoints "
                          "(s3://bucket/runs), or a local folder for kfp.local runs")
-    return f"{run_root.rstrip('/')}/{run_id()}/{stage}"
+    return run_root.rstrip("/")
+
+
+def output_location(run_root: str, stage: str) -> str:
+    """`<run_root>/<run id>/<stage>`: where a stage publishes, the same for every retry of its pod."""
+    return f"{_root(run_root)}/{run_id()}/{stage}"
+
+
+def content_key(identity: Mapping[str, Any]) -> str:
+    """16 hex digits of sha256 over `identity` (JSON, keys sorted): what decides a work area's contents."""
+    return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def work_location(run_root: str, use: str, identity: Mapping[str, Any]) -> str:
+    """`<run_root>/work/<use>-<key>`: the work area of a sampling or judging use, keyed by what decides its units
+    (input locations, their content digest, the model, the settings), not by the run: a retried pod and a new run
+    with the same inputs and settings find every unit already done there."""
+    return f"{_root(run_root)}/work/{use}-{content_key(identity)}"
 
 
 def input_location(artifact: Any) -> str:

@@ -73,7 +73,9 @@ def refuse_foreign_work(work: storage.Uri, is_own: Callable[[str], bool], comman
     """One rule for every work area: refuse, before any work, a `--work` location holding files that are not this
     command's work files (a data folder, or another command's work area), since a finished run deletes its own
     files there and a merge reads them."""
-    foreign = [rel for rel in storage.list_files(work) if not is_own(rel)]
+    # Another slice's write probe (check_output's, deleted at once) may be there while slices start together.
+    foreign = [rel for rel in storage.list_files(work)
+               if not is_own(rel) and not rel.rsplit("/", 1)[-1].startswith(storage.PROBE_PREFIX)]
     if foreign:
         raise storage.InvalidOutputError(
             f"--work {work} holds {len(foreign)} files that are not a `klear {command}` work area's "

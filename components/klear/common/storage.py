@@ -74,6 +74,7 @@ __all__ = [
     "is_bookkeeping",
     "exists",
     "fetch_published",
+    "iter_published",
     "list_files",
     "localize",
     "note_input",
@@ -477,14 +478,31 @@ class OutputLease:
         self.uri = uri
         self.run_id = run_id
         self.inherited = inherited  # taken over from a run that crashed, failed or was declared dead
-        self._held: set[tuple[str | None, str]] = set()
+        self._named: dict[str | None, Pending] = {}  # what this run's pending record names, by stage
 
     def hold(self, stage: str | None, prefix: str) -> None:
         """Record, before writing there, that this run of `stage` writes the files under `prefix` (a folder of the
         output, "name/") without a manifest listing them yet; the next publish to the output removes them."""
-        if (stage, prefix) not in self._held:
-            self._held.add((stage, prefix))
-            note_pending(self.uri, self.run_id, stage, prefixes=sorted(p for s, p in self._held if s == stage))
+        self.name(stage, prefixes=[prefix])
+
+    def name(self, stage: str | None, files: Iterable[str] = (), prefixes: Iterable[str] = (),
+             dropped: Iterable[str] = ()) -> Pending:
+        """Name `files` and folders (`prefixes`, "name/") in this run's pending record (note_pending) before writing
+        them, beside everything the run named before: one record per run, whichever part of it writes ahead of the
+        manifest (a resume store, streamed parts), so neither drops what the other named. `dropped`: files the run
+        deleted again. Written when it changes, deleted when it names nothing; returns what it names."""
+        before = self._named.get(stage)
+        held = before or Pending(stage)
+        now = Pending(stage, (held.files | frozenset(files)) - frozenset(dropped),
+                      tuple(sorted({*held.prefixes, *prefixes})))
+        if now == before:
+            return now
+        self._named[stage] = now
+        if now.files or now.prefixes:
+            note_pending(self.uri, self.run_id, stage, files=now.files, prefixes=now.prefixes)
+        else:
+            delete(self.uri.join(f"{PENDING_PREFIX}{self.run_id}.json"))
+        return now
 
     def verify(self) -> None:
         """Raise LeaseLostError unless this run still holds the lease (checked right before the manifest)."""
@@ -930,7 +948,7 @@ def _begin_publish(loc: Uri, lease: OutputLease, stage: str | None, files: Itera
     lease.verify()  # a run whose lease was taken over during its work must not touch the output
     _refuse_other_stage(loc, stage, "output")
     known = _known_files(loc, list_files(loc), stage)
-    note_pending(loc, lease.run_id, stage, files=[*known.files, *files], prefixes=known.prefixes)
+    lease.name(stage, files=[*known.files, *files], prefixes=known.prefixes)
     delete(loc.join(MANIFEST_NAME))
     return known
 
@@ -943,13 +961,17 @@ class StreamedFiles:
     The first upload begins the publish as publish_dir does (_begin_publish: the earlier manifest goes); from then
     on, until the manifest, the output is one readers refuse and the next run of the stage may replace. Every file
     is named in this writer's pending record before it goes up, and each upload checks the lease first: a writer
-    whose lease was taken over stops before it replaces a file of its successor's."""
+    whose lease was taken over stops before it replaces a file of its successor's. The manifest is the commit point:
+    an attempt that will not publish (a refusal found after its first upload) withdraws what it uploaded
+    (`withdraw`, `withdrawn_on_error`); one killed leaves them to the next run, which replaces them."""
 
     def __init__(self, lease: OutputLease, stage: str | None) -> None:
         self.lease = lease
         self.stage = stage
         self.entries: dict[str, dict[str, Any]] = {}  # relative path -> its manifest entry, of the files up
-        self._named: Pending | None = None  # what this writer's pending record names, once begun
+        self.published = False  # set by publish_dir once its manifest lists them: never withdrawn then
+        self._begun = False  # the first upload began the publish (_begin_publish)
+        self._sent: list[str] = []  # every file whose upload began (one cut short may have left an object)
 
     def upload(self, local: Path, rel: str) -> None:
         """Upload the finished file `local` as `rel` of the output, keep its manifest entry, delete `local`."""
@@ -958,19 +980,52 @@ class StreamedFiles:
             raise StorageError(f"{loc.join(rel)}: already uploaded by this publish; a file goes up once")
         if is_bookkeeping(rel.rpartition("/")[2]):
             raise StorageError(f"{loc.join(rel)}: a manifest, lease or pending record's name, never an output's file")
-        if self._named is None:
-            known = _begin_publish(loc, self.lease, self.stage, [rel])
-            self._named = Pending(self.stage, known.files | {rel}, known.prefixes)
-        elif not self._named.covers(rel):
-            self.lease.verify()
-            self._named = Pending(self.stage, self._named.files | {rel}, self._named.prefixes)
-            note_pending(loc, self.lease.run_id, self.stage, files=self._named.files, prefixes=self._named.prefixes)
+        if not self._begun:
+            _begin_publish(loc, self.lease, self.stage, [rel])
+            self._begun = True
         else:
             self.lease.verify()
+            self.lease.name(self.stage, files=[rel])
         entry = file_entry(local)
+        self._sent.append(rel)
         upload_file(local, loc.join(rel))
         self.entries[rel] = entry
         local.unlink()
+
+    def withdraw(self) -> None:
+        """Delete the files this publish uploaded, when it will not publish (a refusal found after its first upload):
+        the output keeps no part of an attempt that failed. The earlier output's manifest went with the first upload,
+        so what is left is an output readers refuse; this writer's pending record keeps naming what the earlier
+        publish or a crashed run left (the next run of the stage replaces it), and goes when it names nothing.
+        Nothing is deleted once published, nor by a writer whose lease was taken over: the files are its successor's."""
+        if self.published or not self._begun:
+            return
+        loc = self.lease.uri
+        try:
+            self.lease.verify()
+        except LeaseLostError as exc:
+            log.warning("%s: not withdrawing the %d files this run uploaded: %s", loc, len(self._sent), exc)
+            return
+        sent = sorted(set(self._sent))
+        _delete_names(loc, sent)
+        log.info("%s: withdrew the %d files this unpublished attempt had uploaded (%s)", loc, len(sent),
+                 some_names(sent))
+        self.lease.name(self.stage, dropped=sent)
+        self.entries.clear()
+        self._sent.clear()
+
+    @contextlib.contextmanager
+    def withdrawn_on_error(self) -> Iterator[StreamedFiles]:
+        """The block's uploads withdrawn (`withdraw`) if it raises before they are published; the error goes on."""
+        try:
+            yield self
+        except BaseException:
+            try:
+                self.withdraw()
+            except (StorageError, FileNotFoundError, OSError) as exc:  # the run's own error matters more
+                log.warning("%s: could not withdraw this attempt's files (the next run of the stage replaces "
+                            "them; its pending record names them): %s", self.lease.uri, exc)
+            raise
 
 
 def publish_dir(local_dir: str | Path, dest: str | Uri, meta: dict[str, Any] | None = None,
@@ -1014,9 +1069,12 @@ def publish_dir(local_dir: str | Path, dest: str | Uri, meta: dict[str, Any] | N
         lease.verify()  # a writer that lost its lease must not publish over its successor
         manifest = Manifest(files=entries, meta=_with_lineage(loc, meta), created=_now(), run_id=lease.run_id)
         write_bytes(loc.join(MANIFEST_NAME), manifest.to_json())
+        if streamed is not None:
+            streamed.published = True
         # The manifest names what is there now: the pending records (this writer's, other nodes', a crashed run's)
         # have served.
         _drop_pending(loc)
+        lease._named.clear()  # its record is gone: a later write ahead of a manifest names its files anew
     return manifest
 
 
@@ -1120,6 +1178,32 @@ def fetch_published(uri: str | Uri) -> Iterator[tuple[Path, Manifest]]:
             download_file(loc.join(rel), target)
             _check_file(target, entry, loc.join(rel))
         yield Path(tmp), manifest
+
+
+def iter_published(uri: str | Uri, manifest: Manifest, files: Iterable[str]) -> Iterator[tuple[str, Path]]:
+    """(relative path, local path) of each of `files`, listed in `manifest` (the published output at `uri`'s), one at
+    a time, checksum verified: from S3 each is downloaded when its turn comes and deleted when the caller asks for
+    the next, so local disk holds one file of the output, never all of it (fetch_published's copy). A local output's
+    files are read where they are."""
+    loc = Uri.parse(uri)
+    wanted = list(files)
+    unlisted = [rel for rel in wanted if rel not in manifest.files]
+    if unlisted:
+        raise StorageError(f"{loc}: {some_names(unlisted)} not listed in its {MANIFEST_NAME}")
+    if not loc.is_s3:
+        for rel in wanted:
+            _check_file(Path(loc.path) / rel, manifest.files[rel], loc.join(rel))
+            yield rel, Path(loc.path) / rel
+        return
+    with tempfile.TemporaryDirectory(prefix="klear-part-") as tmp:
+        for rel in wanted:
+            target = Path(tmp) / rel
+            try:
+                download_file(loc.join(rel), target)
+                _check_file(target, manifest.files[rel], loc.join(rel))
+                yield rel, target
+            finally:
+                target.unlink(missing_ok=True)
 
 
 def _check_file(path: Path, entry: dict[str, Any], origin: Uri) -> None:

@@ -24,10 +24,13 @@ def gppo(
     summary: Output[Markdown],
     metrics: Output[Metrics],
     curves: Output[HTML],
+    input_digest: str = "",
 ):
     """RL of `policy` on `data` with GPPO; checkpoints to object storage. `task` ("math" or "code") names the
     step (its output goes to `<run_root>/<run id>/gppo-<task>`) and must match the preset's task.
-    `gpus_per_node` is a whole number as a string: the pipeline parameter that also sets the pod's GPU limit."""
+    `gpus_per_node` is a whole number as a string: the pipeline parameter that also sets the pod's GPU limit.
+    `input_digest`: the content digest of the inputs read by URI and of the config files (the digest step): only
+    part of KFP's cache key, so a new run with the same inputs and settings reuses the trained model."""
     from klear.common import kfp_io, tracking
     from klear.gppo.stage import STAGE
     from klear.training.launch import run_training_component

@@ -39,7 +39,8 @@ def judge(
         input_digest: the content digest of the inputs read by URI (the digest_inputs step): part of KFP's
             cache key, so a cached result is served only for the same content; recorded in the output's metadata.
         problems: problems by id as an artifact of the run (wins over problems_uri).
-        name: what is judged (reference, filter-math): names the output folder and the slices' work area.
+        name: what is judged (reference, filter-math): names the output folder and the slices' work area
+            (<run_root>/work/judge-<name>-<key>, keyed by the samples, problems and input_digest).
         config_of: judge with the `judge` settings of this stage's config (sft-data, rl-filter, evaluate), so the
             stage that reads the judged rows gets what it would have judged itself; "" = a judge config.
         merge: judge nothing: publish what the `judge_slice` tasks of this use judged, once every slice's part is
@@ -50,6 +51,7 @@ def judge(
             against ([] = the shipped math sets), read as evaluate reads them, so it reuses every verdict.
     """
     from klear.common import kfp_io
+    from klear.judge.config import work_area
     from klear.judge.report import render_markdown
     from klear.judge.stage import problems_of, run, stage_judge_config
 
@@ -57,8 +59,10 @@ def judge(
     target = kfp_io.output_location(run_root, f"judge-{name}" if name else "judge")
     problem_spec = kfp_io.input_location(problems) if problems is not None else problems_uri or None
     given = None if problem_spec else problems_of(config_of, preset, list(overrides), list(benchmark_uris))
-    report = run(kfp_io.input_location(samples), target, stage_judge_config(config_of, preset, list(overrides), task),
-                 problem_spec, merge=merge, stage_problems=given)
+    source = kfp_io.input_location(samples)
+    report = run(source, target, stage_judge_config(config_of, preset, list(overrides), task), problem_spec,
+                 merge=merge, stage_problems=given,
+                 work=work_area(run_root, name, source, problem_spec, benchmark_uris, config_of, task, input_digest))
     totals = report["totals"]
     kfp_io.record_output(judged, target, {"samples": totals["samples"], "problems": totals["problems"],
                                          "input_digest": input_digest})
@@ -81,9 +85,10 @@ def judge_slice(
     task: str = "",
     cpu: str = "",
     benchmark_uris: list = [],
+    input_digest: str = "",
 ) -> str:
     """One slice of a judging use: the samples whose id hashes into slice I of N, judged into the work area that
-    every slice and the merge of this use share (<run_root>/<run id>/judge-<name>.work); publishes nothing. A
+    every slice and the merge of this use share (<run_root>/work/judge-<name>-<key>); publishes nothing. A
     second pod on the same slice is refused; a retried pod reuses the scores it saved.
 
     Args:
@@ -100,6 +105,7 @@ def judge_slice(
         cpu: the pod's CPU as the run asked (logged). As a task input it is carried into the ParallelFor, which
             KFP 2.17 does not do for resources alone; the judge's workers follow the pod's cores.
         benchmark_uris: with `config_of` evaluate and no problems: evaluate's benchmarks, as for `judge`.
+        input_digest: the content digest of the inputs, as for `judge`: part of the cache key and the work area's.
 
     Returns:
         The slice's counts as JSON (slice, samples, reused).
@@ -108,12 +114,15 @@ def judge_slice(
     import logging
 
     from klear.common import kfp_io
+    from klear.judge.config import work_area
     from klear.judge.stage import problems_of, run, stage_judge_config
 
     target = kfp_io.output_location(run_root, f"judge-{name}" if name else "judge")
     logging.getLogger("klear.judge").info("slice %s of %s on a pod of %s CPU", part, target, cpu or "?")
     problem_spec = kfp_io.input_location(problems) if problems is not None else problems_uri or None
     given = None if problem_spec else problems_of(config_of, preset, list(overrides), list(benchmark_uris))
-    report = run(kfp_io.input_location(samples), target, stage_judge_config(config_of, preset, list(overrides), task),
-                 problem_spec, slice_spec=part, stage_problems=given)
+    source = kfp_io.input_location(samples)
+    report = run(source, target, stage_judge_config(config_of, preset, list(overrides), task), problem_spec,
+                 slice_spec=part, stage_problems=given,
+                 work=work_area(run_root, name, source, problem_spec, benchmark_uris, config_of, task, input_digest))
     return json.dumps({key: report[key] for key in ("slice", "samples", "reused")})

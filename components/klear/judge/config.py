@@ -34,3 +34,15 @@ class JudgeConfig(StageConfig):
     report_modes: list[Literal["strict", "official"]] = pydantic.Field(
         default_factory=list, description="math modes whose accuracy the report shows side by side ([] = only verifier.math_mode)")
     verifier: VerifierConfig = VerifierConfig()
+
+
+def work_area(run_root: str, name: str, samples: str, problems: str | None, benchmark_uris: list, config_of: str,
+              task: str, input_digest: str) -> str:
+    """The work area every slice and the merge of one judging use share, keyed by what it judges (the samples,
+    the problems, their content digest) and as which stage; not by the run, so a new run judging the same
+    samples finds every score an earlier one saved (the scores inside are kept per judge settings)."""
+    from klear.common import kfp_io
+
+    return kfp_io.work_location(run_root, f"judge-{name}" if name else "judge", {
+        "samples": samples, "problems": problems, "benchmarks": list(benchmark_uris), "config_of": config_of,
+        "task": task, "inputs": input_digest})

@@ -14,8 +14,11 @@ counted, a crashing scorer is counted, the rest goes on. Publishes
     pass_rates/part-*.parquet  per problem: id, kind, samples, correct, pass_rate, mean_score, truncated, unscored
     report.json, report.md, pass_rate_hist.png
 
-atomically (manifest last). Resumable: scores are saved under the output chunk by chunk, keyed by (id, sample)
-and a fingerprint of response, reference and settings; a restart judges only what is missing.
+atomically (manifest last). Each Parquet part goes up as soon as it is closed and leaves the pod's disk, and the
+samples are read one published part at a time, so a pod holds a part or two on disk, never its input or output
+whole; a refusal found after a part went up (columns that differ, no sample matching a problem) withdraws the
+parts: nothing is published, no part is left. Resumable: scores are saved under the output chunk by chunk, keyed
+by (id, sample) and a fingerprint of response, reference and settings; a restart judges only what is missing.
 
 Over many pods: `--slice I/N` judges only the samples whose id hashes into slice I of N (the rule sampling
 slices by, klear.common.slices), saving their scores in the work area every slice shares (default
@@ -35,7 +38,8 @@ import logging
 import re
 import time
 from collections import Counter, defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -43,7 +47,7 @@ import pyarrow as pa
 from klear.common import storage
 from klear.common.data_stage import DataStage, StageOutput
 from klear.common.records import ParquetShardWriter
-from klear.common.sample_rows import SampleInputError, iter_sample_tables
+from klear.common.sample_rows import SampleInputError
 from klear.common.slices import (
     MergeIncompleteError,
     add_slice_arguments,
@@ -56,7 +60,15 @@ from klear.common.slices import (
     work_file_pattern,
 )
 from klear.judge.config import JudgeConfig
-from klear.judge.io import JUDGE_COLUMNS, ScoreStore, fingerprint, judgement_columns, references_key, settings_key
+from klear.judge.io import (
+    JUDGE_COLUMNS,
+    ScoreStore,
+    fingerprint,
+    judgement_columns,
+    references_key,
+    sample_tables,
+    settings_key,
+)
 from klear.judge.modes import ModeComparison
 from klear.judge.plots import histogram_png
 from klear.judge.pool import Judge, resolve_problems
@@ -182,15 +194,18 @@ def run(samples: str, output: str, config: JudgeConfig, problems: str | None = N
     merged = SliceScores.open(checked, config, inputs_digest(samples, read)) if merge else None
     if merged is not None and merged.published is not None:
         return merged.published  # a retried merge whose first try had published
-    with checked.open() as out, merged or Judge(config) as judge:
+    # Each part goes up once closed (out.ship), so the pod's disk holds a part or two, never the output; a refusal
+    # found after the first (columns that differ, no problem matched, a sample no slice judged) withdraws them.
+    with checked.open() as out, out.streamed.withdrawn_on_error(), merged or Judge(config) as judge:
         modes = ModeComparison(config)  # closes its own judges in summary() (and at exit)
         staging = out.staging
+        shipped = 0  # parts of `writer` uploaded
         store = (ScoreStore(output, settings_key(config), out.lease, STAGE.name)
                  if config.resume and merged is None else None)
         saved = merged.saved if merged is not None else store.load() if store is not None else {}
         writer: ParquetShardWriter | None = None
         last_log = time.monotonic()
-        for origin, table in iter_sample_tables(samples, config.chunk_size):
+        for origin, table in sample_tables(samples, config.chunk_size):
             table = table.drop_columns([c for c in JUDGE_COLUMNS if c in table.column_names])
             judgements, reused = _judge_batch(table, judge, problem_map, saved, store)
             tally.reused += reused
@@ -203,10 +218,12 @@ def run(samples: str, output: str, config: JudgeConfig, problems: str | None = N
             if writer is None:
                 writer = ParquetShardWriter(staging / "judged", "part", table.schema, config.rows_per_shard,
                                             dictionary_columns=("kind", "verdict", "finish_reason"))
-            try:
-                writer.write(table)
-            except (pa.ArrowInvalid, pa.ArrowTypeError, ValueError) as exc:
-                raise SampleInputError(f"{origin}: columns differ from the first batch's ({exc})") from None
+            for start in range(0, table.num_rows, config.rows_per_shard):  # each part goes up as soon as it closes
+                try:
+                    writer.write(table.slice(start, config.rows_per_shard))
+                except (pa.ArrowInvalid, pa.ArrowTypeError, ValueError, KeyError) as exc:  # KeyError: one missing
+                    raise SampleInputError(f"{origin}: columns differ from the first batch's ({exc})") from None
+                shipped = ship_closed(writer, shipped, out.ship)
             if time.monotonic() - last_log >= config.progress_seconds:
                 last_log = time.monotonic()
                 log.info("%d samples judged (%d reused), %.1f samples/s", tally.samples, tally.reused,
@@ -234,10 +251,12 @@ def run(samples: str, output: str, config: JudgeConfig, problems: str | None = N
             log.warning("%d of %d samples match no problem (ids such as %s): they count as wrong; see report.md",
                         unmatched, tally.samples, ", ".join(tally.unknown_examples[:5]))
         writer.close()
+        ship_closed(writer, shipped, out.ship, every=True)
         rates = tally.rates.rows()
         rate_writer = ParquetShardWriter(staging / "pass_rates", "part", PASS_RATE_SCHEMA, config.rows_per_shard)
         rate_writer.write({name: [getattr(r, name) for r in rates] for name in PASS_RATE_SCHEMA.names})
         rate_writer.close()
+        ship_closed(rate_writer, 0, out.ship, every=True)
         elapsed = time.monotonic() - started
         report = _report(samples, problems, config, tally, rates, judge, elapsed)
         report["sample_settings"] = sampled_under
@@ -258,6 +277,15 @@ def run(samples: str, output: str, config: JudgeConfig, problems: str | None = N
         merged.delete_work()
     log.info("published %s: %d samples of %d problems judged (%.1f s)", output, tally.samples, len(rates), elapsed)
     return report
+
+
+def ship_closed(writer: ParquetShardWriter, shipped: int, ship: Callable[[Path], None], every: bool = False) -> int:
+    """Hand `ship` (Publication.ship: upload, then delete here) each part of `writer` closed since its first `shipped`
+    went; returns how many have gone. After a write every part but the last is closed; `every`: after close, all."""
+    closed = len(writer.shards) - (0 if every else 1)
+    for path in writer.shards[shipped:closed]:
+        ship(path)
+    return max(shipped, closed)
 
 
 def _report(samples: str, problems: str | None, config: JudgeConfig, tally: _Tally, rates: list[Any],
@@ -364,7 +392,7 @@ def run_slice(part: tuple[int, int], samples: str, problems: str | Sequence[str]
         saved = store.load() if config.resume else {}
         judged = reused = read = 0
         last_log = time.monotonic()
-        for _, table in iter_sample_tables(samples, config.chunk_size):
+        for _, table in sample_tables(samples, config.chunk_size):
             read += table.num_rows
             mine = pa.array([slice_of(str(i), count) == index for i in table.column("id").to_pylist()], pa.bool_())
             table = table.filter(mine)

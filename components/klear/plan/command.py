@@ -24,6 +24,7 @@ from klear.common import kfp_io
 from klear.common.config import StageConfig, load_config, origins_lines
 from klear.evaluate.config import EvaluateConfig
 from klear.gppo.config import GppoConfig
+from klear.judge.config import JudgeConfig
 from klear.plan import checks, estimates, memory, pods, shapes
 from klear.plan.checks import PROMPT_BUDGET_TOKENS, Check
 from klear.sample.config import SampleConfig
@@ -267,25 +268,26 @@ def pod_checks(params: Mapping[str, Any], cluster: shapes.Cluster, quota: int,
 # --------------------------------------------------------------------------- disk
 
 # klear-reasoner's sampling uses whose merges stage rows of paper size: (overrides parameter, the slices parameter,
-# prompts it samples from the assumptions, response fraction of max_tokens, whether a judge merges its rows too).
-def _merged_uses(assumed: estimates.Assumptions) -> tuple[tuple[str, str, int, float, bool], ...]:
-    return (("teacher_overrides", "teacher_slices", assumed.sft_prompts, assumed.teacher_response_fraction, False),
+# prompts it samples from the assumptions, response fraction of max_tokens, the overrides parameter of the stage
+# whose judge settings a judge merge of its rows uses, "" where none judges them).
+def _merged_uses(assumed: estimates.Assumptions) -> tuple[tuple[str, str, int, float, str], ...]:
+    return (("teacher_overrides", "teacher_slices", assumed.sft_prompts, assumed.teacher_response_fraction, ""),
             ("reference_overrides", "reference_slices", assumed.sft_prompts, assumed.reference_response_fraction,
-             True),
+             "sft_data_overrides"),
             ("filter_math_overrides", "filter_math_slices", round(assumed.rl_math_problems / assumed.math_filter_keep),
-             assumed.filter_response_fraction, True),
+             assumed.filter_response_fraction, "rl_filter_math_overrides"),
             ("filter_code_overrides", "filter_code_slices", round(assumed.rl_code_problems / assumed.code_filter_keep),
-             assumed.filter_response_fraction, True))
+             assumed.filter_response_fraction, "rl_filter_code_overrides"))
 
 
 def disk_checks(configs: Mapping[str, Any], params: Mapping[str, Any], assumed: estimates.Assumptions,
                 unshipped: Mapping[str, str]) -> list[Check]:
     """Each merge's staging against the merges' scratch volume, at the assumed prompt counts and response lengths
     (tokens x TEXT_BYTES_PER_TOKEN per row): a sample merge's parts and spill (pods.merge_staging_bytes), a judge
-    merge's whole output twice; and a model folder a slice pod downloads against its scratch (the teacher or
-    filter model given as a folder rather than served)."""
+    merge's input part and two of its parts (pods.judge_merge_bytes); and a model folder a slice pod downloads
+    against its scratch (the teacher or filter model given as a folder rather than served)."""
     found = []
-    for param, slices_param, prompts, fraction, judged in _merged_uses(assumed):
+    for param, slices_param, prompts, fraction, judged_by in _merged_uses(assumed):
         config = configs.get(param)
         if config is None or config.backend == "records" and param != "teacher_overrides":
             continue
@@ -300,9 +302,14 @@ def disk_checks(configs: Mapping[str, Any], params: Mapping[str, Any], assumed: 
             pods.merge_staging_bytes(rows, per_row, config.rows_per_part, slices, config.shard_size),
             kfp_io.MERGE_SCRATCH, f"{assumed_rows}: at most 2 parts of rows_per_part {config.rows_per_part:,} + "
             f"{slices} slices x shard_size {config.shard_size} spilled, each part uploaded as it closes"))
-        if judged:
-            found.append(pods.scratch_check("judge", f"{param} judge merge", pods.judge_merge_bytes(rows, per_row),
-                                            kfp_io.MERGE_SCRATCH, f"{assumed_rows}, judged: staged whole, twice"))
+        if judged_by:
+            # The judge settings of the stage that reads the judged rows (the pipeline's judge step takes them).
+            shard = getattr(configs.get(judged_by), "judge", JudgeConfig()).rows_per_shard
+            found.append(pods.scratch_check(
+                "judge", f"{param} judge merge",
+                pods.judge_merge_bytes(rows, per_row, shard, config.rows_per_part), kfp_io.MERGE_SCRATCH,
+                f"{assumed_rows}, judged: 1 samples part of rows_per_part {config.rows_per_part:,} read at a time + "
+                f"at most 2 parts of {judged_by} judge.rows_per_shard {shard:,}, each uploaded as it closes"))
     teacher = shapes.model(TEACHER)
     for uri_param in ("teacher_model_uri", "filter_model_uri"):
         if params.get(uri_param) and "teacher" not in unshipped:

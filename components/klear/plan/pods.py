@@ -139,11 +139,12 @@ def merge_staging_bytes(rows: int, bytes_per_row: float, rows_per_part: int, sli
     return int(min(2 * rows, 2 * rows_per_part + slices * shard_size + SPILL_SLACK_ROWS) * bytes_per_row)
 
 
-def judge_merge_bytes(rows: int, bytes_per_row: float) -> int:
-    """What a judge merge holds on disk at once: its judged rows (the samples with their verdicts) staged whole
-    before they are published (klear.common.storage.publish_dir), and the parts it assembles them from: about
-    twice the output."""
-    return int(2 * rows * bytes_per_row)
+def judge_merge_bytes(rows: int, bytes_per_row: float, rows_per_shard: int, rows_per_part: int) -> int:
+    """What a judge merge holds on disk at once (klear.judge.stage.run): the part of its samples it reads (each
+    published part, `rows_per_part` rows, is downloaded in its turn and deleted after) and at most two of its own
+    parts of `rows_per_shard` judged rows (the one being written, the one going up: each is uploaded as soon as it
+    closes); never more than its input and output whole."""
+    return int((min(rows, rows_per_part) + min(rows, 2 * rows_per_shard)) * bytes_per_row)
 
 
 def scratch_check(stage: str, task: str, need: int, scratch: str, what: str) -> Check:

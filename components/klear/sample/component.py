@@ -24,6 +24,7 @@ def sample(
     model_uri: str = "",
     merge: bool = False,
     slices: list = [],
+    input_digest: str = "",
 ):
     """n responses per prompt from a model (vLLM on the pod's GPUs, transformers on CPU) or an OpenAI-compatible
     endpoint, kept per (prompt, sample) so a retried pod samples only what is missing.
@@ -40,7 +41,8 @@ def sample(
         preset: Config preset (paper: T 0.6, top_p 0.95, 32,768 tokens, n 16; tiny: CPU demo) or a YAML path.
         overrides: Config overrides, "key=value" strings (e.g. "n=64", "max_failed_fraction=0.01").
         run_root: Object-storage root of run outputs (s3://bucket/runs); the output goes to
-            <run_root>/<run id>/sample-<name> and its work area beside it, so a retried pod resumes.
+            <run_root>/<run id>/sample-<name>, the units as they are sampled to <run_root>/work/sample-<name>-<key>
+            (keyed by prompts, model and settings), so a retried pod and a new run resume.
         samples: The published samples: samples/part-*.parquet, failed/, report.json, report.md.
         summary: The run's report: counts, settings, tokens, speed, failures.
         metrics: Sampled and failed units, tokens, samples/s and tokens/s.
@@ -50,10 +52,12 @@ def sample(
         merge: Sample nothing: publish what the `sample_slice` tasks of this use sampled into the shared work area,
             once every unit is in a shard or recorded as failed (refused, naming the missing units, otherwise).
         slices: The slice tasks' results (dsl.Collected): what the merge waits for; recorded in the log only.
+        input_digest: The content digest of the model and config files (the digest step): part of the cache key
+            and of the work area's key, so a model replaced in place is sampled anew.
     """
     from klear.common import kfp_io
     from klear.common.config import load_config
-    from klear.sample.config import SampleConfig
+    from klear.sample.config import SampleConfig, work_area
     from klear.sample.report import metric_items, render_markdown
     from klear.sample.stage import run
 
@@ -61,9 +65,10 @@ def sample(
     config = load_config(SampleConfig, preset, [*overrides, *extra])
     kfp_io.use_scratch()
     target = kfp_io.output_location(run_root, f"sample-{name}" if name else "sample")
-    report = run([kfp_io.input_location(prompts)], target, config,
-                 model=(kfp_io.input_location(model) if model is not None else model_uri or None) if not endpoint else None,
-                 endpoint=endpoint or None, served_model=served_model or None, merge=merge)
+    sampled = (kfp_io.input_location(model) if model is not None else model_uri or None) if not endpoint else None
+    source = kfp_io.input_location(prompts)
+    report = run([source], target, config, model=sampled, endpoint=endpoint or None, served_model=served_model or None,
+                 merge=merge, work=work_area(run_root, name, source, sampled, endpoint, served_model, input_digest, config))
     kfp_io.record_output(samples, target, {"rows": report["units"]["rows"], "failed": report["units"]["failed"],
                                            "settings_hash": report["settings_hash"]})
     kfp_io.publish_report(summary, render_markdown(report), metrics, metric_items(report))
@@ -85,9 +90,10 @@ def sample_slice(
     gpus: str = "",
     cpu: str = "",
     memory: str = "",
+    input_digest: str = "",
 ) -> str:
     """One slice of a sampling use: the prompts whose id hashes into slice I of N, sampled into the work area
-    that every slice and the merge of this use share (<run_root>/<run id>/sample-<name>.work); publishes nothing.
+    that every slice and the merge of this use share (<run_root>/work/sample-<name>-<key>); publishes nothing.
     A second pod on the same slice is refused; a retried pod resumes from the shards.
 
     Args:
@@ -106,6 +112,7 @@ def sample_slice(
             as task inputs they are carried into the ParallelFor, which KFP 2.17 does not do for resources alone.
         cpu: The pod's CPU as the run asked (logged).
         memory: The pod's memory as the run asked (logged).
+        input_digest: The content digest of the model and config files, as for `sample`.
 
     Returns:
         The slice's unit counts as JSON (total, done_before, sampled, failed).
@@ -115,7 +122,7 @@ def sample_slice(
 
     from klear.common import kfp_io
     from klear.common.config import load_config
-    from klear.sample.config import SampleConfig
+    from klear.sample.config import SampleConfig, work_area
     from klear.sample.stage import run
 
     extra = [f"api_key_env={api_key_env}"] if api_key_env else []
@@ -125,7 +132,9 @@ def sample_slice(
     logging.getLogger("klear.sample").info("slice %s of %s on a pod of %s GPUs, %s CPU, %s memory", part, target,
                                            gpus or "?", cpu or "?", memory or "?")
     sampled = (kfp_io.input_location(model) if model is not None else model_uri or None) if not endpoint else None
-    report = run([kfp_io.input_location(prompts)], target, config, model=sampled, endpoint=endpoint or None,
-                 served_model=served_model or None, slice_spec=part)
+    source = kfp_io.input_location(prompts)
+    report = run([source], target, config, model=sampled, endpoint=endpoint or None,
+                 served_model=served_model or None, slice_spec=part,
+                 work=work_area(run_root, name, source, sampled, endpoint, served_model, input_digest, config))
     return json.dumps({"slice": part, **report["units"]})
 

@@ -98,3 +98,15 @@ class SampleConfig(StageConfig):
 
     def sampling_settings(self) -> dict[str, Any]:
         return {key: getattr(self, key) for key in SAMPLING_KEYS}
+
+
+def work_area(run_root: str, name: str, prompts: str, model: str | None, endpoint: str, served_model: str,
+              input_digest: str, config: SampleConfig) -> str:
+    """The work area every slice and the merge of one sampling use share, keyed by what decides its units: the
+    prompts and the model (their locations and content digest) and the sampling settings; not by the run, so a
+    new run with the same inputs finds every unit an earlier one left there (n may differ: units are per sample)."""
+    from klear.common import kfp_io
+
+    return kfp_io.work_location(run_root, f"sample-{name}" if name else "sample", {
+        "prompts": prompts, "model": model, "endpoint": endpoint, "served_model": served_model,
+        "inputs": input_digest, "sampling": config.sampling_settings()})

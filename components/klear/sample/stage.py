@@ -245,20 +245,21 @@ def published_state(output: storage.Uri) -> dict[str, Any] | None:
 def import_published(output: storage.Uri, area: WorkArea) -> int:
     """Copy a published output's samples into the work area as shards (when the work area was removed after
     publishing), before anything is sampled: the next publish overwrites the output, and its units must not
-    be lost if that is interrupted. Shard names are fixed, so an interrupted import simply repeats."""
+    be lost if that is interrupted. Shard names are fixed, so an interrupted import simply repeats. One part at
+    a time (storage.iter_published): the pod's disk holds one part, not the output (a teacher's is tens of GB)."""
     rows = 0
     import pyarrow.parquet as pq
 
-    with storage.fetch_published(output) as (local, manifest):
-        parts = sorted(rel for rel in manifest.files if rel.startswith("samples/") and rel.endswith(".parquet"))
-        for i, rel in enumerate(parts):
-            table = pq.read_table(local / rel)
-            for name in SCHEMA.names:  # an output of an earlier version lacks newer columns: null, not an error
-                if name not in table.column_names:
-                    table = table.append_column(name, pa.nulls(table.num_rows, SCHEMA.field(name).type))
-            table = table.select(SCHEMA.names).cast(SCHEMA)
-            area.write_table(f"{PUBLISHED_PREFIX}-{i:05d}", table)
-            rows += table.num_rows
+    manifest = storage.read_manifest(output)
+    parts = sorted(rel for rel in manifest.files if rel.startswith("samples/") and rel.endswith(".parquet"))
+    for i, (_, path) in enumerate(storage.iter_published(output, manifest, parts)):
+        table = pq.read_table(path)
+        for name in SCHEMA.names:  # an output of an earlier version lacks newer columns: null, not an error
+            if name not in table.column_names:
+                table = table.append_column(name, pa.nulls(table.num_rows, SCHEMA.field(name).type))
+        table = table.select(SCHEMA.names).cast(SCHEMA)
+        area.write_table(f"{PUBLISHED_PREFIX}-{i:05d}", table)
+        rows += table.num_rows
     return rows
 
 

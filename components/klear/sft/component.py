@@ -20,10 +20,13 @@ def sft(
     summary: Output[Markdown],
     metrics: Output[Metrics],
     curves: Output[HTML],
+    input_digest: str = "",
 ):
     """Long-CoT SFT of `base_model` on `data` (assistant-only loss, packing, checkpoints to object storage);
     `curves`: the training curves (HTML, also in the model's logs/ and each checkpoint).
-    `gpus_per_node` is a whole number as a string: the pipeline parameter that also sets the pod's GPU limit."""
+    `gpus_per_node` is a whole number as a string: the pipeline parameter that also sets the pod's GPU limit.
+    `input_digest`: the content digest of the inputs read by URI and of the config files (the digest step): only
+    part of KFP's cache key, so a new run with the same inputs and settings reuses the trained model."""
     from klear.common import kfp_io, tracking
     from klear.sft.stage import STAGE
     from klear.training.launch import run_training_component

@@ -69,7 +69,8 @@ def run_training_stage(stage: TrainingStage, model: str, data: list[str], output
 
     0 GPUs (CPU, kfp.local, tests): in this process. One node with GPUs: one `accelerate launch` process per
     GPU in this pod. More nodes: a Kubeflow Trainer job runs the same command on every node; this pod creates
-    it, streams its logs and fails if it fails. `step` names the job (sft, gppo-math, gppo-code)."""
+    it (or, retried, re-attaches to the one its earlier attempt created), streams its logs and fails if it fails.
+    `step` names the job with the run id (sft, gppo-math, gppo-code)."""
     import json
     import subprocess
 

@@ -11,11 +11,14 @@ S3 credentials come from a Secret as environment variables; /dev/shm is a RAM-ba
 (NCCL and the data loaders need more than the container default of 64 MB). The launcher creates
 the job, streams the master pod's log, and raises when the job fails.
 
-The launching pod (the KFP task) is the job's owner: the job's name is derived from the pod's name, so
-every task and every retry attempt gets its own; Kubernetes deletes the job with the pod, and a retry
-first removes an earlier attempt's job of the same step (both would write the same checkpoints). The
-job's pods take the launching pod's scheduling (node selector, tolerations, affinity, pull secrets,
-service account) and the image the pipeline was compiled with (KLEAR_TRAIN_IMAGE).
+The job outlives the pod that launched it. Its name is derived from the pipeline run and the step (sft,
+gppo-math, gppo-code), not from the pod: a retried launcher (a new pod of the same task) finds the job by that
+name and re-attaches to it, waiting for it and following its master's log; only a job that failed is replaced,
+and the new one resumes from the checkpoints on run_root. The job is owned by the run's Argo Workflow (the
+launching pod's own owner), so it lives as long as the run and goes with it, never with one launcher pod. A cut
+log stream reconnects where it stopped (`timestamps` and `sinceSeconds`, lines already printed skipped). The job's
+pods take the launching pod's scheduling (node selector, tolerations, affinity, pull secrets, service account) and
+the image the pipeline was compiled with (KLEAR_TRAIN_IMAGE).
 """
 
 from __future__ import annotations
@@ -23,15 +26,18 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
 import re
+import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from importlib import resources
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
-from klear.common.kfp_io import API_ENV, IMAGE_ENV, POD_NAME_ENV, POD_UID_ENV, RUN_ID_ENV, RUNTIME_ENV
+from klear.common.kfp_io import API_ENV, IMAGE_ENV, POD_NAME_ENV, RUN_ID_ENV, RUNTIME_ENV
 from klear.common.tracking import TRACKING_SECRET, TRACKING_SECRET_KEYS
 from klear.training.launch import accelerate_command, shell_line
 
@@ -49,6 +55,7 @@ PART_OF = {"app.kubernetes.io/part-of": "klear"}
 V1_VARS = ("$RANK", "$MASTER_ADDR", "$MASTER_PORT")
 V2_VARS = ("$PET_NODE_RANK", "$PET_MASTER_ADDR", "$PET_MASTER_PORT")
 K8S_DEFINITIONS = "https://kubernetes.io/api/_definitions.json"
+WORKFLOW_API = "argoproj.io/v1alpha1"  # the run: KFP runs a pipeline as an Argo Workflow that owns its pods
 
 
 @dataclass(frozen=True)
@@ -71,21 +78,28 @@ class JobSpec:
     memory: str = "512Gi"
     runtime: str = "torch-distributed"  # Trainer v2 ClusterTrainingRuntime
     labels: Mapping[str, str] = field(default_factory=dict)
-    owner: Mapping[str, Any] | None = None  # ownerReference to the launching pod
+    owner: Mapping[str, Any] | None = None  # ownerReference to the run's Argo Workflow
     scheduling: Mapping[str, Any] = field(default_factory=dict)  # SCHEDULING_FIELDS of the launching pod
     pod_labels: Mapping[str, str] = field(default_factory=dict)  # the launching pod's klear.io/ labels
 
 
-def job_name(step: str, pod_name: str) -> str:
-    """A DNS-1123 name unique per launching pod: one per task (gppo-math, gppo-code) and per retry attempt."""
-    digest = hashlib.sha256(pod_name.encode()).hexdigest()[:10]
+def job_name(run_id: str, step: str) -> str:
+    """A DNS-1123 name per (pipeline run, step): gppo-math and gppo-code of one run differ, a retried launcher of
+    the same step finds the job its earlier attempt created, another run gets its own."""
+    digest = hashlib.sha256(f"{run_id}/{step}".encode()).hexdigest()[:10]
     prefix = re.sub(r"[^a-z0-9-]+", "-", f"klear-{step}".lower()).strip("-")[:52]
     return f"{prefix}-{digest}"
 
 
-def owner_reference(pod_name: str, pod_uid: str) -> dict[str, Any]:
-    """The launching pod owns the job: Kubernetes deletes the job (and its pods) when the pod is deleted."""
-    return {"apiVersion": "v1", "kind": "Pod", "name": pod_name, "uid": pod_uid, "blockOwnerDeletion": False}
+def workflow_owner(pod_metadata: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The ownerReference that makes the run's Argo Workflow own the job, taken from the launching pod's own
+    owner (Argo makes the Workflow every pod's controller); None outside a Workflow. Deleting the run deletes the
+    job; deleting or retrying the launching pod does not."""
+    for owner in pod_metadata.get("ownerReferences") or []:
+        if owner.get("kind") == "Workflow" and owner.get("apiVersion") == WORKFLOW_API:
+            return {"apiVersion": WORKFLOW_API, "kind": "Workflow", "name": owner["name"], "uid": owner["uid"],
+                    "blockOwnerDeletion": False}
+    return None
 
 
 def launcher_scheduling(pod_spec: Mapping[str, Any]) -> dict[str, Any]:
@@ -283,25 +297,207 @@ def plan_job(stage: TrainingStage, step: str, model: str, data: list[str], outpu
              launcher_pod: Mapping[str, Any]) -> tuple[JobSpec, bool]:
     """The job a launching pod creates, from what the compiled pipeline put in its environment and its own pod
     (as the API returns it); (spec, whether it is a Trainer v2 TrainJob). Raises naming every missing variable."""
-    required = (IMAGE_ENV, POD_NAME_ENV, POD_UID_ENV, RUN_ID_ENV)
+    required = (IMAGE_ENV, RUN_ID_ENV)
     if missing := [key for key in required if not environ.get(key)]:
         raise RuntimeError(f"multi-node training needs {', '.join(missing)} in the launching pod's environment: "
                            "run the compiled pipeline (pipelines/definitions.py sets them)")
+    metadata = launcher_pod.get("metadata") or {}
+    owner = workflow_owner(metadata)
+    if owner is None:
+        log.warning("the launching pod has no Argo Workflow owner: the job is owned by nothing and stays until "
+                    "its TTL after it finishes")
     labels = {"klear.io/run-id": environ[RUN_ID_ENV][:63], "klear.io/step": step}
-    spec = JobSpec(name=job_name(step, environ[POD_NAME_ENV]), image=environ[IMAGE_ENV], stage=stage, nodes=nodes,
+    spec = JobSpec(name=job_name(environ[RUN_ID_ENV], step), image=environ[IMAGE_ENV], stage=stage, nodes=nodes,
                    gpus_per_node=gpus_per_node, model=model, data=data, output=output, preset=preset,
                    overrides=overrides, namespace=namespace,
-                   runtime=environ.get(RUNTIME_ENV) or "torch-distributed", labels=labels,
-                   owner=owner_reference(environ[POD_NAME_ENV], environ[POD_UID_ENV]),
+                   runtime=environ.get(RUNTIME_ENV) or "torch-distributed", labels=labels, owner=owner,
                    scheduling=launcher_scheduling(launcher_pod.get("spec") or {}),
-                   pod_labels=launcher_labels(launcher_pod.get("metadata") or {}))
+                   pod_labels=launcher_labels(metadata))
     return spec, environ.get(API_ENV) == "v2"
+
+
+class JobCluster(Protocol):
+    """Where a launcher's jobs live: the Kubernetes API (KubernetesJobs) or, in tests, local processes."""
+
+    def get(self, name: str) -> dict[str, Any] | None:
+        """The job (with its status) or None when there is none of that name."""
+
+    def create(self, manifest: dict[str, Any]) -> None: ...
+
+    def delete(self, name: str) -> None: ...
+
+    def names(self, labels: Mapping[str, str]) -> list[str]:
+        """The names of the jobs carrying every one of `labels`."""
+
+    def master_log(self, name: str, after: str | None) -> Iterator[tuple[str, str]]:
+        """(mark, line) of the master's log, following it until its container exits; only lines after the mark
+        `after` (marks sort in log order). Raises when the stream breaks."""
+
+
+def attach_decision(state: str | None) -> str:
+    """What a launcher does with the job of its name, by the job's state (None: no such job): create it,
+    attach to it (pending, running), take it as done (succeeded), or replace it (failed: a new job resumes from
+    the checkpoints)."""
+    return {None: "create", "pending": "attach", "running": "attach", "succeeded": "done",
+            "failed": "replace"}[state]
+
+
+def start_or_attach(cluster: JobCluster, manifest: dict[str, Any], poll_seconds: float,
+                    delete_timeout_s: float) -> str:
+    """Create the job, or re-attach to the one an earlier attempt of this step created; returns the decision
+    (attach_decision). Jobs of this run and step under another name (launchers that named jobs after their pod)
+    and a failed job of this name are deleted first, and awaited: they would write the same checkpoints."""
+    name, kind = manifest["metadata"]["name"], manifest["kind"]
+    existing = cluster.get(name)
+    decision = attach_decision(None if existing is None else job_state(existing.get("status"))[0])
+    labels = {key: manifest["metadata"]["labels"][key] for key in ("klear.io/run-id", "klear.io/step")}
+    doomed = [other for other in cluster.names(labels) if other != name] + ([name] if decision == "replace" else [])
+    for other in doomed:
+        log.info("deleting %s %s of an earlier attempt", kind, other)
+        cluster.delete(other)
+    deadline = time.monotonic() + delete_timeout_s
+    while doomed := [other for other in doomed if cluster.get(other) is not None]:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"earlier jobs {doomed} were not deleted within {delete_timeout_s:.0f} s")
+        time.sleep(poll_seconds)
+    if decision in ("create", "replace"):
+        cluster.create(manifest)
+        log.info("created %s %s", kind, name)
+    else:
+        log.info("%s %s of an earlier attempt is %s: attaching to it", kind, name,
+                 "finished" if decision == "done" else "still there")
+    return decision
+
+
+def follow_job(cluster: JobCluster, name: str, kind: str, poll_seconds: float, out: TextIO | None = None) -> None:
+    """Print the master's log while the job runs, reconnecting where a cut stream stopped; return when the job
+    succeeds, raise JobFailed when it fails or disappears."""
+    mark: str | None = None
+    while True:
+        job = cluster.get(name)
+        if job is None:
+            raise JobFailed(f"{kind} {name} is gone (deleted while it ran): the retried task creates it again")
+        state, message = job_state(job.get("status"))
+        if state == "succeeded":
+            return
+        if state == "failed":
+            raise JobFailed(f"{kind} {name} failed: {message}")
+        if state == "running":
+            try:
+                for seen, line in cluster.master_log(name, mark):
+                    print(line, file=out or sys.stdout, flush=True)
+                    mark = seen
+            except Exception as exc:  # noqa: BLE001 - any break of the stream (HTTP, API, connection): the job still runs
+                log.warning("the log stream of %s %s broke (%s: %s): reconnecting", kind, name,
+                            type(exc).__name__, exc)
+        time.sleep(poll_seconds)
+
+
+def launch_job(cluster: JobCluster, spec: JobSpec, v2: bool, poll_seconds: float = 15.0,
+               delete_timeout_s: float = 600.0) -> str:
+    """Render and check the job, create it or re-attach to it, follow it to its end; returns the decision."""
+    manifest = render_trainjob(spec) if v2 else render_pytorchjob(spec)
+    if errors := validate_manifest(manifest):
+        raise ValueError("job manifest does not validate: " + "; ".join(errors))
+    decision = start_or_attach(cluster, manifest, poll_seconds, delete_timeout_s)
+    follow_job(cluster, spec.name, manifest["kind"], poll_seconds)
+    return decision
+
+
+# --------------------------------------------------------------------------- the Kubernetes API
+
+
+_TIMESTAMP = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d{1,9}))?Z ")
+
+
+def timestamped_line(raw: str) -> tuple[str, str]:
+    """(mark, text) of a kubelet log line read with `timestamps=true` ("2026-12-06T08:00:01.5Z text"): the mark
+    is the time with nine fraction digits, so marks sort as times do."""
+    found = _TIMESTAMP.match(raw)
+    if found is None:
+        raise ValueError(f"log line without a timestamp: {raw[:80]!r}")
+    return f"{found[1]}.{(found[2] or '').ljust(9, '0')}", raw[found.end():].rstrip("\n")
+
+
+def lines_after(raw_lines: Iterable[str], after: str | None) -> Iterator[tuple[str, str]]:
+    """The (mark, text) of each timestamped line later than the mark `after` (a reconnected stream starts a
+    second early: what was printed already is skipped)."""
+    for raw in raw_lines:
+        mark, text = timestamped_line(raw)
+        if after is None or mark > after:
+            yield mark, text
+
+
+def since_seconds(after: str | None, now: datetime) -> int | None:
+    """sinceSeconds for a stream that goes on after the mark `after`: a second early (whole seconds only)."""
+    if after is None:
+        return None
+    then = datetime.fromisoformat(after[:26]).replace(tzinfo=UTC)  # microseconds: enough for seconds
+    return max(1, math.ceil((now - then).total_seconds()) + 1)
+
+
+class KubernetesJobs:
+    """PyTorchJobs (Training Operator v1) or TrainJobs (Trainer v2) of one namespace, through the API server."""
+
+    def __init__(self, namespace: str, v2: bool) -> None:
+        from kubernetes import client
+
+        self.namespace, self.v2 = namespace, v2
+        self.api, self.core = client.CustomObjectsApi(), client.CoreV1Api()
+        group, version, plural = ("trainer.kubeflow.org", "v1alpha1", "trainjobs") if v2 else ("kubeflow.org", "v1", "pytorchjobs")
+        self.resource = (group, version, namespace, plural)  # the custom-object calls' leading arguments
+
+    def get(self, name: str) -> dict[str, Any] | None:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            return dict(self.api.get_namespaced_custom_object(*self.resource, name))
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def create(self, manifest: dict[str, Any]) -> None:
+        self.api.create_namespaced_custom_object(*self.resource, manifest)
+
+    def delete(self, name: str) -> None:
+        from kubernetes import client
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            self.api.delete_namespaced_custom_object(*self.resource, name,
+                                                     body=client.V1DeleteOptions(propagation_policy="Foreground"))
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    def names(self, labels: Mapping[str, str]) -> list[str]:
+        selector = ",".join(f"{key}={value}" for key, value in labels.items())
+        return [item["metadata"]["name"] for item in
+                self.api.list_namespaced_custom_object(*self.resource, label_selector=selector)["items"]]
+
+    def master_log(self, name: str, after: str | None) -> Iterator[tuple[str, str]]:
+        selector = (f"jobset.sigs.k8s.io/jobset-name={name},batch.kubernetes.io/job-completion-index=0" if self.v2
+                    else f"training.kubeflow.org/job-name={name},training.kubeflow.org/replica-type=master")
+        pods = [pod for pod in self.core.list_namespaced_pod(self.namespace, label_selector=selector).items
+                if pod.status.phase in ("Running", "Succeeded", "Failed")]
+        if not pods:
+            return
+        newest = max(pods, key=lambda pod: pod.metadata.creation_timestamp)  # a restarted master is a new pod
+        stream = self.core.read_namespaced_pod_log(newest.metadata.name, self.namespace, follow=True, timestamps=True,
+                                                   since_seconds=since_seconds(after, datetime.now(UTC)),
+                                                   _preload_content=False)
+        try:  # urllib3 yields the body line by line
+            yield from lines_after((raw.decode(errors="replace") for raw in stream), after)
+        finally:
+            stream.release_conn()
 
 
 def run_trainjob(stage: TrainingStage, step: str, model: str, data: list[str], output: str, preset: str,
                  overrides: list[str], nodes: int, gpus_per_node: int, poll_seconds: float = 15.0,
                  delete_timeout_s: float = 600.0) -> None:
-    """Create the job in this pod's namespace, stream its master's log, return when it succeeds, raise when it fails.
+    """Create the job in this pod's namespace (or re-attach to the one an earlier attempt of this task created),
+    stream its master's log, return when it succeeds, raise when it fails.
 
     KLEAR_TRAINER_API=v2 makes a TrainJob (Kubeflow Trainer >= v2.1, runtime KLEAR_TRAINER_RUNTIME), anything
     else a PyTorchJob (Training Operator v1)."""
@@ -310,48 +506,10 @@ def run_trainjob(stage: TrainingStage, step: str, model: str, data: list[str], o
     config.load_incluster_config()
     namespace_file = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
     namespace = open(namespace_file).read().strip() if os.path.exists(namespace_file) else "kubeflow"
-    api, core = client.CustomObjectsApi(), client.CoreV1Api()
     launcher: dict[str, Any] = {}
     if pod_name := os.environ.get(POD_NAME_ENV):
-        launcher = client.ApiClient().sanitize_for_serialization(core.read_namespaced_pod(pod_name, namespace))
+        launcher = client.ApiClient().sanitize_for_serialization(
+            client.CoreV1Api().read_namespaced_pod(pod_name, namespace))
     spec, v2 = plan_job(stage, step, model, data, output, preset, overrides, nodes, gpus_per_node, os.environ,
                         namespace, launcher)
-    manifest = render_trainjob(spec) if v2 else render_pytorchjob(spec)
-    if errors := validate_manifest(manifest):
-        raise ValueError("job manifest does not validate: " + "; ".join(errors))
-    group, version, plural = ("trainer.kubeflow.org", "v1alpha1", "trainjobs") if v2 else ("kubeflow.org", "v1", "pytorchjobs")
-    # An earlier attempt of this step (a retried pod) may have left its job running: it would write the same
-    # checkpoints. Remove it and wait until it is gone before starting this one.
-    selector = ",".join(f"{key}={value}" for key, value in spec.labels.items())
-    earlier = [item["metadata"]["name"] for item in
-               api.list_namespaced_custom_object(group, version, namespace, plural, label_selector=selector)["items"]
-               if item["metadata"]["name"] != spec.name]
-    for name in earlier:
-        log.info("deleting %s %s/%s of an earlier attempt", manifest["kind"], namespace, name)
-        api.delete_namespaced_custom_object(group, version, namespace, plural, name,
-                                            body=client.V1DeleteOptions(propagation_policy="Foreground"))
-    deadline = time.monotonic() + delete_timeout_s
-    while earlier and api.list_namespaced_custom_object(group, version, namespace, plural,
-                                                        label_selector=selector)["items"]:
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"earlier jobs {earlier} were not deleted within {delete_timeout_s:.0f} s")
-        time.sleep(poll_seconds)
-    api.create_namespaced_custom_object(group, version, namespace, plural, manifest)
-    log.info("created %s %s/%s on %d nodes", manifest["kind"], namespace, spec.name, nodes)
-    pods_of_master = (f"jobset.sigs.k8s.io/jobset-name={spec.name},batch.kubernetes.io/job-completion-index=0" if v2
-                      else f"training.kubeflow.org/job-name={spec.name},training.kubeflow.org/replica-type=master")
-    streamed = False
-    while True:
-        state, message = job_state(api.get_namespaced_custom_object(group, version, namespace, plural, spec.name).get("status"))
-        if state == "running" and not streamed:
-            pods = core.list_namespaced_pod(namespace, label_selector=pods_of_master).items
-            if pods:  # follows the log until the master's container exits
-                for line in core.read_namespaced_pod_log(pods[0].metadata.name, namespace, follow=True,
-                                                         _preload_content=False).stream():
-                    print(line.decode(errors="replace"), end="", flush=True)
-                streamed = True
-        if state == "succeeded":
-            return
-        if state == "failed":
-            raise JobFailed(f"{manifest['kind']} {namespace}/{spec.name} failed: {message}")
-        time.sleep(poll_seconds)
+    launch_job(KubernetesJobs(namespace, v2), spec, v2, poll_seconds, delete_timeout_s)
