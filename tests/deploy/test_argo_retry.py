@@ -21,13 +21,24 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.deploy.helpers import CHART, CREDENTIALS, NAMESPACE, ROOT, find, merge, render
+from pipelines.definitions import PIPELINES
+from tests.deploy.helpers import CHART, CREDENTIALS, NAMESPACE, find, merge, render
 
 pytest.importorskip("helm_python", reason="helm-python-sdk is in the test extra")
 
 SCRIPT = CHART / "files" / "argo_retry_defaults.py"
-COMPILED = sorted((ROOT / "pipelines" / "compiled").glob("*.yaml"))
+PIPELINE_NAMES = sorted(PIPELINES)
 ENABLED = merge(CREDENTIALS, {"argoRetryDefaults": {"enabled": True}})
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Every pipeline compiled as `make pipeline` compiles it (a fresh checkout has no pipelines/compiled)."""
+    from pipelines.compile import compile_all
+
+    out = tmp_path_factory.mktemp("compiled")
+    compile_all(out)
+    return out
 
 # The controller ConfigMap's data as KFP 2.17.0 ships it (manifests/kustomize/third-party/argo/base/
 # workflow-controller-configmap-patch.yaml at tag 2.17.0; artifactRepository left out).
@@ -205,9 +216,10 @@ def template_defaults(rendered_strategy: str, tmp_path_factory: pytest.TempPathF
     return dict(argo_config(yaml.safe_load(done.stdout)["data"])["workflowDefaults"]["spec"]["templateDefaults"])
 
 
-@pytest.mark.parametrize("path", COMPILED, ids=lambda p: p.stem)
+@pytest.mark.parametrize("name", PIPELINE_NAMES)
 def test_retried_tasks_retry_deleted_pods_with_their_own_limit_and_backoff(template_defaults: dict[str, Any],
-                                                                           path: Path) -> None:
+                                                                           compiled: Path, name: str) -> None:
+    path = compiled / f"{name}.yaml"
     instances = kfp_instances(pipeline_spec(path))
     for instance in instances:
         strategy = run_strategies(template_defaults, instance)
@@ -222,16 +234,18 @@ def test_retried_tasks_retry_deleted_pods_with_their_own_limit_and_backoff(templ
         assert strategy["backoff"] == argo_substitute(KFP_RETRY_STRATEGY["backoff"], instance.arguments), where
 
 
-def test_the_pipelines_have_retried_tasks_inside_loops() -> None:
+def test_the_pipelines_have_retried_tasks_inside_loops(compiled: Path) -> None:
     """The test above sees the tasks it is about: retried ones, in ParallelFor loops too."""
-    retried = [i.task for path in COMPILED for i in kfp_instances(pipeline_spec(path)) if i.retry_policy]
+    retried = [i.task for name in PIPELINE_NAMES for i in kfp_instances(pipeline_spec(compiled / f"{name}.yaml"))
+               if i.retry_policy]
     assert any(task.count("/") > 1 for task in retried) and any(task.count("/") == 1 for task in retried), retried
 
 
-def test_without_the_chart_default_a_deleted_pod_is_not_retried(template_defaults: dict[str, Any]) -> None:
+def test_without_the_chart_default_a_deleted_pod_is_not_retried(template_defaults: dict[str, Any],
+                                                                compiled: Path) -> None:
     """The defect and the traps, through the same model: what each other default does to a retried stage's -impl
     template and to a template without retries."""
-    sft = next(i for i in kfp_instances(pipeline_spec(ROOT / "pipelines" / "compiled" / "klear-sft.yaml"))
+    sft = next(i for i in kfp_instances(pipeline_spec(compiled / "klear-sft.yaml"))
                if i.task == "/sft" and i.retry_policy)
     driver = Instance("/sft", {"name": "system-container-driver", "container": {}}, {})
     dag = Instance("", {"name": "root", "dag": {}}, {})
@@ -253,10 +267,11 @@ def test_without_the_chart_default_a_deleted_pod_is_not_retried(template_default
     assert retries(template_defaults, driver) == (0, 0) and retries(template_defaults, dag) == (0, 0)
 
 
-def test_retried_tasks_are_the_documented_ones() -> None:
+def test_retried_tasks_are_the_documented_ones(compiled: Path) -> None:
     """What the docs say is retried (3 retries, 60 s backoff doubling): the sampling and judging slices, their
     merges, and the training stages; nothing else in any compiled pipeline."""
-    for path in COMPILED:
+    for name in PIPELINE_NAMES:
+        path = compiled / f"{name}.yaml"
         ir = pipeline_spec(path)
         for instance in kfp_instances(ir):
             task = instance.container_task
