@@ -358,8 +358,17 @@ def local_sample_files(uri: str) -> Iterator[tuple[list[tuple[str, Path]], stora
 def iter_sample_tables(uri: str, batch_rows: int = 2048, columns: Sequence[str] | None = None
                        ) -> Iterator[tuple[str, pa.Table]]:
     """(origin, table of up to `batch_rows` rows) over a sample source (see `local_sample_files`), every row
-    checked against the contract and no (id, sample) twice in the source."""
+    checked against the contract and no (id, sample) twice in the source. A published output's files are fetched
+    one at a time (storage.iter_published): the reader's disk holds one part, not the output (a teacher's samples
+    are tens of GB)."""
     keys = SampleKeys()
+    loc = storage.Uri.parse(uri)
+    if storage.is_dir(loc):
+        manifest = storage.read_manifest(loc)
+        for rel, path in storage.iter_published(loc, manifest, published_sample_files(list(manifest.files))):
+            origin = str(loc.join(rel))
+            yield from ((origin, table) for table in file_tables(path, origin, batch_rows, columns, keys))
+        return
     with local_sample_files(uri) as (files, _):
         for origin, path in files:
             yield from ((origin, table) for table in file_tables(path, origin, batch_rows, columns, keys))

@@ -18,19 +18,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from klear.common import storage
-from klear.common.sample_rows import (
-    REQUIRED,
-    SampleInputError,
-    SampleKeys,
-    file_tables,
-    iter_sample_tables,
-    published_sample_files,
-)
+from klear.common.sample_rows import REQUIRED, SampleInputError, iter_sample_tables
 from klear.judge.config import JudgeConfig
 from klear.judge.problems import Problem
 
 __all__ = ["JUDGE_COLUMNS", "JUDGE_SCHEMA", "SampleInputError", "ScoreStore", "fingerprint", "is_judged",
-           "iter_judged", "judgement_columns", "references_key", "sample_tables", "settings_key"]
+           "iter_judged", "judgement_columns", "references_key", "settings_key"]
 
 log = logging.getLogger("klear.judge")
 
@@ -117,24 +110,6 @@ class ScoreStore:
         self._count += 1
 
 
-# --------------------------------------------------------------------------- reading sample rows
-
-
-def sample_tables(uri: str, batch_rows: int) -> Iterator[tuple[str, pa.Table]]:
-    """(origin, table of up to `batch_rows` rows) of a sample source, as iter_sample_tables reads them (the same
-    checks, no (id, sample) twice), but a published output's files fetched one at a time (storage.iter_published):
-    a judging pod's disk holds one part of its samples, not all of them (a teacher's are tens of GB)."""
-    loc = storage.Uri.parse(uri)
-    if not storage.is_dir(loc):
-        yield from iter_sample_tables(uri, batch_rows)
-        return
-    manifest = storage.read_manifest(loc)
-    keys = SampleKeys()
-    for rel, path in storage.iter_published(loc, manifest, published_sample_files(list(manifest.files))):
-        origin = str(loc.join(rel))
-        yield from ((origin, table) for table in file_tables(path, origin, batch_rows, None, keys))
-
-
 # --------------------------------------------------------------------------- judged rows for other stages
 
 
@@ -153,7 +128,7 @@ def iter_judged(uri: str, judge: Any, problems: Mapping[str, Problem] | None = N
     `wanted`: rows it rejects are left out before judging (no verifier time on problems already dropped)."""
     from klear.judge.pool import resolve_problems
 
-    for _, table in sample_tables(uri, batch_rows):
+    for _, table in iter_sample_tables(uri, batch_rows):
         if columns is not None:
             table = table.select([c for c in dict.fromkeys([*REQUIRED, *columns, *JUDGE_COLUMNS]) if c in table.column_names])
         rows = table.to_pylist()

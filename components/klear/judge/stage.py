@@ -47,7 +47,7 @@ import pyarrow as pa
 from klear.common import storage
 from klear.common.data_stage import DataStage, StageOutput
 from klear.common.records import ParquetShardWriter
-from klear.common.sample_rows import SampleInputError
+from klear.common.sample_rows import SampleInputError, iter_sample_tables
 from klear.common.slices import (
     MergeIncompleteError,
     add_slice_arguments,
@@ -60,15 +60,7 @@ from klear.common.slices import (
     work_file_pattern,
 )
 from klear.judge.config import JudgeConfig
-from klear.judge.io import (
-    JUDGE_COLUMNS,
-    ScoreStore,
-    fingerprint,
-    judgement_columns,
-    references_key,
-    sample_tables,
-    settings_key,
-)
+from klear.judge.io import JUDGE_COLUMNS, ScoreStore, fingerprint, judgement_columns, references_key, settings_key
 from klear.judge.modes import ModeComparison
 from klear.judge.plots import histogram_png
 from klear.judge.pool import Judge, resolve_problems
@@ -205,7 +197,7 @@ def run(samples: str, output: str, config: JudgeConfig, problems: str | None = N
         saved = merged.saved if merged is not None else store.load() if store is not None else {}
         writer: ParquetShardWriter | None = None
         last_log = time.monotonic()
-        for origin, table in sample_tables(samples, config.chunk_size):
+        for origin, table in iter_sample_tables(samples, config.chunk_size):
             table = table.drop_columns([c for c in JUDGE_COLUMNS if c in table.column_names])
             judgements, reused = _judge_batch(table, judge, problem_map, saved, store)
             tally.reused += reused
@@ -392,7 +384,7 @@ def run_slice(part: tuple[int, int], samples: str, problems: str | Sequence[str]
         saved = store.load() if config.resume else {}
         judged = reused = read = 0
         last_log = time.monotonic()
-        for _, table in sample_tables(samples, config.chunk_size):
+        for _, table in iter_sample_tables(samples, config.chunk_size):
             read += table.num_rows
             mine = pa.array([slice_of(str(i), count) == index for i in table.column("id").to_pylist()], pa.bool_())
             table = table.filter(mine)
