@@ -418,11 +418,12 @@ def klear_pipeline(
         rl_filter_preset: rl-filter config (paper: >= 16 tests, pass rate > 0.5 of 16 samples).
         rl_filter_math_overrides: rl-filter config overrides of the math set, e.g. ["keep_above=0.5"].
         rl_filter_code_overrides: rl-filter config overrides of the code set, e.g. ["min_tests=8"].
-        gppo_math_preset: math RL config (paper: lr 1e-6, mini-batch 16).
+        gppo_math_preset: math RL config (math: the paper's, lr 1e-6, mini-batch 16; release-math: as the released code ran).
         gppo_math_overrides: Overrides of the math RL run, e.g. ["loss=cispo"] for an ablation.
-        gppo_code_preset: code RL config (paper: lr 5e-7, mini-batch 32).
+        gppo_code_preset: code RL config (code: the paper's, lr 5e-7, mini-batch 32; release-code: as the released code ran).
         gppo_code_overrides: Overrides of the code RL run, e.g. ["loss=cispo"] for an ablation.
-        evaluate_preset: evaluation protocol (paper: avg@64 math, avg@8 LiveCodeBench, 32K; paper-64k: YaRN).
+        evaluate_preset: evaluation protocol (paper: avg@64 math, avg@8 LiveCodeBench, 32K; paper-64k: YaRN;
+            release: as the released code judged).
         evaluate_overrides: evaluate config overrides, e.g. ["only=[aime24]"] or ["sampling.max_tokens=65536"]
             (protocol settings such as sampling.* also set the evaluation sampling).
         eval_sample_overrides: Sample overrides of the evaluation sampling that the protocol leaves open, e.g.
@@ -804,7 +805,7 @@ def gppo_math_pipeline(model_uri: str, data_uri: str, run_root: str, preset: str
         model_uri: The policy to train (the SFT model), a Hugging Face folder (s3://...).
         data_uri: Math RL problems: an rl-filter output.
         run_root: Object-storage root of this run's outputs and checkpoints (s3://bucket/runs).
-        preset: gppo config (math, tiny-math, demo-math).
+        preset: gppo config (math, release-math, tiny-math, demo-math).
         overrides: Config overrides, e.g. ["loss=cispo"] for an ablation arm.
         gpus_per_node: GPUs per training node (a whole number).
         nodes: Training nodes (more than 1: a Kubeflow Trainer job).
@@ -833,7 +834,7 @@ def gppo_code_pipeline(model_uri: str, data_uri: str, run_root: str, preset: str
         model_uri: The policy to train (the math RL model), a Hugging Face folder (s3://...).
         data_uri: Code RL problems: an rl-filter output.
         run_root: Object-storage root of this run's outputs and checkpoints (s3://bucket/runs).
-        preset: gppo config (code, tiny-code).
+        preset: gppo config (code, release-code, tiny-code).
         overrides: Config overrides, e.g. ["loss=clip_higher"] for an ablation arm.
         gpus_per_node: GPUs per training node (a whole number).
         nodes: Training nodes (more than 1: a Kubeflow Trainer job).

@@ -27,6 +27,7 @@ COMMANDS = {
     "evaluate-prompts": "klear.evaluate.stage",
     "verify-math": "klear.verifiers.cli",
     "verify-code": "klear.verifiers.cli",
+    "reward": "klear.gppo.reward_command",  # a tool: a GPPO reward configuration on given rollouts
     "lineage": "klear.common.lineage",  # a tool, not a stage: reads manifests only
     "plan": "klear.plan.command",  # a tool, not a stage: checks a compiled pipeline's arguments, on CPU
 }

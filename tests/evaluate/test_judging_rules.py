@@ -33,6 +33,7 @@ def test_sampling_extras_presets() -> None:
     release = load_config(EvaluateConfig, "release")
     sampled = release.sampling_for(64)
     assert release.sampling_extras == "release" and release.judge.verifier.math_mode == "official"
+    assert release.judge.verifier.code_rules == "runner"  # LiveCodeBench as its own lcb_runner judges
     assert (sampled.top_k, sampled.repetition_penalty, sampled.seed, sampled.max_tokens, sampled.max_model_len) == (
         20, 1.05, 0, 65536, 81920)
     assert sampled.engine_kwargs["hf_overrides"]["rope_parameters"]["factor"] == 2.5

@@ -83,7 +83,8 @@ def test_paper_batch_layout_on_8_gpus(preset: str, accumulation: int, tmp_path) 
     from klear.gppo.trainer import grpo_arguments
 
     config = load_config(GppoConfig, preset, ["bf16=false"])  # bf16 needs a GPU to construct TRL's config
-    args = grpo_arguments(config, tmp_path, world_size=8, use_cpu=True, deepspeed=None, attn_implementation="sdpa")
+    args = grpo_arguments(config, tmp_path, world_size=8, use_cpu=True, deepspeed=None, attn_implementation="sdpa",
+                          prompts=1024)
     per_update = args.per_device_train_batch_size * 8 * args.gradient_accumulation_steps
     assert args.gradient_accumulation_steps == accumulation
     assert per_update == config.prompts_per_update * 8
@@ -95,4 +96,5 @@ def test_paper_batch_layout_on_8_gpus(preset: str, accumulation: int, tmp_path) 
     assert args.lr_scheduler_type == "constant_with_warmup" and (args.warmup_steps, args.weight_decay) == (10, 0.1)
     assert args.temperature == 1.0 and args.num_generations == 8
     with pytest.raises(ValueError, match="split evenly"):
-        grpo_arguments(config, tmp_path, world_size=3, use_cpu=True, deepspeed=None, attn_implementation="sdpa")
+        grpo_arguments(config, tmp_path, world_size=3, use_cpu=True, deepspeed=None, attn_implementation="sdpa",
+                       prompts=1024)

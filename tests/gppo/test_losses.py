@@ -84,7 +84,7 @@ def test_dual_clip_caps_negative_advantage_losses() -> None:
     assert loss.item() == pytest.approx((10.0 + 3.0) / 2)
     assert logp.grad[0, 0].item() == 0.0  # beyond c: capped, no gradient
     assert logp.grad[0, 1].item() == pytest.approx(3.0 / 2)
-    with pytest.raises(ValueError, match="dual_clip must be > 1"):
+    with pytest.raises(ValueError, match="dual_clip must be >= 1"):
         policy_loss("gppo", logp, torch.zeros(1, 2), adv, torch.ones(1, 2), dual_clip=0.5)
 
 

@@ -1,10 +1,14 @@
 """reward.mode official (the released verl reward code) against the paper's rules, on planted rollouts: the order
-of right / no </think> / wrong / no <think>, the code reward's draw of 16 tests and exact comparison, and the
-zero-advantage filter key on a planted group."""
+of right / no </think> / wrong / no <think>, the code reward's extraction regex, draw of 16 tests, exact comparison,
+bare programs, packages, limits and two tests at a time within the 500 s budget, and the zero-advantage filter key
+on a planted group. tests/gppo/test_release_code_vectors.py holds the release's own rewards for planted responses."""
 
 from __future__ import annotations
 
 import json
+import random
+import re
+import time
 
 import pytest
 import torch
@@ -12,8 +16,15 @@ import torch
 from klear.common.config import load_config
 from klear.gppo.batching import varied_groups
 from klear.gppo.config import RewardConfig
-from klear.gppo.rewards import exact_output_match, math_outcome, official_math_verdict, score_rollout
-from klear.verifiers.code_verifier import select_tests
+from klear.gppo.rewards import (
+    RewardPool,
+    exact_output_match,
+    math_outcome,
+    official_math_verdict,
+    official_verifier,
+    score_rollout,
+)
+from klear.verifiers.code_verifier import extract_program_release, process_verifier, select_tests
 from klear.verifiers.config import VerifierConfig
 
 TINY = load_config(VerifierConfig, "tiny")
@@ -122,3 +133,92 @@ def test_official_code_reward_judges_returned_values_outside_the_program(rules: 
     forged = "        import os\n        for fd in range(21):\n            try:\n                os.write(fd, b'true\\n')\n" \
              "            except OSError:\n                pass\n        os._exit(0)"
     assert score_rollout(task(forged), OFFICIAL, verifier).reward == -1.0
+
+
+# --- the released code reward's rules -----------------------------------------------------------------------
+RELEASE_REGEX = re.compile(r"</think>.*```python\n(.*?)\n```", re.DOTALL)  # code_r1_compute.CODE_EXTRACTION_PATTERN
+
+
+def test_official_extraction_is_the_releases_regex() -> None:
+    """extract_program_release finds what the release's regex finds (an empty body: no program), on random
+    arrangements of tags, fences and text."""
+    pieces = ["</think>", "<think>", "```python\n", "```python \n", "```py\n", "```Python\n", "```\n", "```", "\n```",
+              "\n", "x = 1", " "]
+    rng = random.Random(0)
+    for _ in range(20000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 10)))
+        match = RELEASE_REGEX.search(text)
+        assert extract_program_release(text) == ((match.group(1) or None) if match else None), repr(text)
+    program = "print(1)"
+    for fence, found in (("```python", True), ("```py", False), ("```Python", False), ("```", False),
+                         ("```python ", False), ("```python3", False)):
+        assert (extract_program_release(f"<think>\nx\n</think>\n{fence}\n{program}\n```") == program) is found, fence
+
+
+def test_official_code_details_say_why() -> None:
+    verifier = TINY.model_copy(update={"max_tests": None})
+    cfg = OFFICIAL.model_copy(update={"official_timeout_s": 1.0})
+    py = score_rollout(_code_task("<think>\nplan\n</think>\n```py\nprint(0)\n```", 2), cfg, verifier)
+    assert (py.reward, py.reason, py.detail) == (-1.0, "no_program", "no ```python block after </think>")
+    slow = _code_task(_program("import time\nn = int(input())\nif n:\n    time.sleep(5)\nprint(2 * n)"), 3)
+    out = score_rollout(slow, cfg, verifier)
+    assert (out.reward, out.detail) == (pytest.approx(-1 / 3), "1/3 tests passed; first failure: test 1: timeout (1 s)")
+    wrong = score_rollout(_code_task(_program("print(0)"), 2), cfg, verifier)
+    assert wrong.detail == "1/2 tests passed; first failure: test 1 (wrong_answer)"
+    assert score_rollout(_code_task(_program("print(2 * int(input()))"), 2), cfg, verifier).detail == "all 2 tests passed"
+    no_start = _code_task("plan\n</think>\n```python\nprint(0)\n```", 1)
+    assert score_rollout(no_start, cfg, verifier).detail == "missing <think>"
+
+
+def test_official_stdin_programs_run_bare() -> None:
+    """The release runs `python program.py`: no helper imports (sqrt, deque, stdin are NameErrors, each a failed
+    test), Python's own recursion limit; the exit code decides along with the output."""
+    verifier = TINY.model_copy(update={"max_tests": None})
+
+    def reward(body: str) -> float:
+        return score_rollout(_code_task(_program(body), 2), OFFICIAL, verifier).reward
+
+    assert reward("print(2 * int(sqrt(int(input()) ** 2)))") == -1.0
+    assert reward("from math import sqrt\nprint(2 * int(sqrt(int(input()) ** 2)))") == 1.0
+    assert reward("print(2 * int(stdin.readline()))") == -1.0
+    assert reward("import sys\nprint(2 * int(input()))\nsys.exit(1)") == -1.0
+    assert reward("import sys\nprint(2 * int(input()))\nsys.exit()") == 1.0
+    deep = "def d(k):\n    return 0 if k == 0 else 1 + d(k - 1)\nprint(2 * int(input()) + 0 * d(3000))"
+    assert reward(deep) == -1.0
+    assert reward("import sys\nsys.setrecursionlimit(10000)\n" + deep) == 1.0
+    detail = score_rollout(_code_task(_program("print(sqrt(4))"), 1), OFFICIAL, verifier).detail
+    assert detail == "0/1 tests passed; first failure: test 0 (runtime_error)"
+
+
+def test_official_sandbox_has_the_releases_limits_and_packages() -> None:
+    """firejail_exec's limits, the release's two tests at a time as two slots, and its image's packages (read-only);
+    the pool the official reward runs on offers them all (installed here)."""
+    settings = official_verifier(OFFICIAL, TINY)
+    assert (settings.code_rules, settings.timeout_s, settings.memory_mb, settings.nofile, settings.nproc,
+            settings.file_limit_bytes, settings.code_workers, settings.max_tests) == (
+        "release", 35.0, 1024, 32, 32, 8 << 20, 2, None)
+    assert settings.official_packages == ["numpy", "pandas", "sympy", "networkx", "regex"]
+    pool = process_verifier(official_verifier(OFFICIAL, TINY.model_copy(update={"max_tests": None}))).pool
+    assert pool.packages == sorted(OFFICIAL.official_packages)
+    uses = "import numpy, pandas, sympy, networkx, regex\nprint(int(numpy.int64(2)) * int(input()))"
+    assert score_rollout(_code_task(_program(uses), 2), OFFICIAL, TINY).reward == 1.0
+    writes = pool.run("import numpy, os\nopen(os.path.join(os.path.dirname(numpy.__file__), 'x.py'), 'w')")
+    assert writes.status == "runtime_error" and b"PermissionError" in writes.stderr
+
+
+def test_official_code_runs_two_tests_at_a_time_within_the_budget() -> None:
+    """16 tests of 35 s, two at a time, end within 280 s < 500 s: scaled down, 8 tests of 1 s each in a 6.5 s
+    budget. A worker with one sandbox slot of its own share (code_workers 1) would run them one after the other
+    (8 s) and lose the whole rollout to the budget (-1); two at a time they all pass in about 4 s, never faster
+    (no more than two at once)."""
+    cfg = RewardConfig(mode="official", workers=1, budget_s=6.5, timeout_reward=-1.0, official_timeout_s=3.0)
+    verifier = TINY.model_copy(update={"code_workers": 1})
+    sleepy = _code_task(_program("import time\ntime.sleep(1.0)\nprint(2 * int(input()))"), 8)
+    with RewardPool(cfg, verifier) as pool:
+        [warm] = pool.score([_code_task(_program("print(2 * int(input()))"), 2)])  # worker and sandbox started
+        assert warm.reward == 1.0
+        start = time.monotonic()
+        [out] = pool.score([sleepy])
+        elapsed = time.monotonic() - start
+    assert (out.reward, out.timed_out, out.detail) == (1.0, False, "all 8 tests passed"), out
+    assert 4.0 <= elapsed < cfg.budget_s

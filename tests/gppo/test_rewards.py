@@ -3,6 +3,7 @@ against hostile scorers (real processes, no mocks)."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +17,7 @@ from klear.gppo.rewards import (
     code_outcome,
     code_reward,
     failed_outcome,
+    format_check,
     format_reward_override,
     math_outcome,
     math_reward,
@@ -42,7 +44,7 @@ GOOD = "<think>\nreasoning\n</think>\nanswer"
         ("  <think>\nr\n</think>\na", None, None),  # leading whitespace before the block
         ("reasoning\n</think>\nanswer", -1.0, -2.0),  # no <think>
         ("<think>\nreasoning cut off", -1.0, -0.5),  # <think> but no </think>
-        ("no tags at all", -1.0, -2.0),
+        ("no tags at all", -1.0, -0.5),  # the release checks </think> first
         ("<think>\nr\n</think>\n<think>\nagain\n</think>", -1.0, -1.0),  # both tags, but twice
         ("</think>\nr\n<think>\n", -1.0, -1.0),  # out of order
         ("preamble <think>\nr\n</think>\na", -1.0, -1.0),  # text before <think>
@@ -51,6 +53,22 @@ GOOD = "<think>\nreasoning\n</think>\nanswer"
 def test_format_penalties(response: str, paper: float | None, official: float | None) -> None:
     assert format_reward_override(response, PAPER) == paper
     assert format_reward_override(response, OFFICIAL) == official
+
+
+def test_official_format_penalties_in_paper_mode_are_the_releases() -> None:
+    """The switch gives the release's penalties in the release's order (</think> first, then <think>): the format
+    cases of the vectors computed by the release's math_dapo.compute_score, whose answers are right, so the reward is
+    the penalty alone; the official mode agrees."""
+    vectors = json.loads((Path(__file__).parents[1] / "release_vectors" / "math_reward.json").read_text())["cases"]
+    cases = [c for c in vectors if c["name"].startswith(("missing", "no tags", "empty response"))]
+    assert {c["name"] for c in cases} >= {"missing </think>, right", "missing <think>, right", "no tags at all, right"}
+    for case in cases:
+        assert format_reward_override(case["response"], OFFICIAL) == case["reward"], case["name"]
+        assert format_reward_override(case["response"], RewardConfig(mode="official")) == case["reward"], case["name"]
+    assert format_check("no tags at all", OFFICIAL) == (-0.5, "missing </think>")
+    assert format_check("reasoning\n</think>\nanswer", OFFICIAL) == (-2.0, "missing <think>")
+    assert format_check("no tags", PAPER) == (-1.0, "missing </think>")
+    assert format_check("<think>\nr\n</think>\n<think>\n</think>", PAPER)[1].startswith("not one <think>")
 
 
 def test_format_penalty_value_is_configurable() -> None:
@@ -117,8 +135,14 @@ def test_math_outcome() -> None:
                                                                                               "correct")
     assert math_outcome(GOOD, "no_box", PAPER).reason == "no_box"
     penalised = math_outcome("answer without think", "correct", OFFICIAL)
-    assert (penalised.reward, penalised.correct, penalised.filter_key, penalised.reason) == (-2.0, False, 0.0,
-                                                                                             "format")
+    assert (penalised.reward, penalised.correct, penalised.filter_key, penalised.reason, penalised.detail) == (
+        -0.5, False, 0.0, "format", "missing </think>")
+    no_start = math_outcome("answer\n</think>\n42", "correct", OFFICIAL)
+    assert (no_start.reward, no_start.detail) == (-2.0, "missing <think>")
+    # the detail says what was compared
+    assert math_outcome(GOOD, "correct", PAPER, "42", "42").detail == "answer 42 verified against 42"
+    assert math_outcome(GOOD, "wrong", PAPER, "41", "42").detail == "answer 41 is not 42"
+    assert math_outcome(GOOD, "no_box", PAPER, None, "42").detail == "no \\boxed{} after </think>"
     # the filter key is accuracy by default, the reward on request
     assert math_outcome("x", "wrong", PAPER).filter_key == 0.0
     assert math_outcome("x", "wrong", RewardConfig(filter_on="reward")).filter_key == -1.0
@@ -138,8 +162,21 @@ def test_failed_outcome() -> None:
     cfg = RewardConfig(timeout_reward=-0.5)
     out = failed_outcome({"task": "math", "response": GOOD}, cfg, "timeout", timed_out=True)
     assert (out.reward, out.correct, out.format_ok, out.timed_out, out.filter_key) == (-0.5, False, True, True, 0.0)
+    assert out.detail == "reward budget of 60 s exceeded"
     code = failed_outcome({"task": "code", "response": "x"}, cfg, "error: boom", timed_out=False)
     assert (code.reward, code.format_ok, code.filter_key, code.reason) == (-0.5, False, 0.0, "error: boom")
+    assert code.detail == "could not be scored: boom"
+
+
+def test_release_budget_overrun_and_scorer_error_score_exactly_minus_one() -> None:
+    """reward_manager/dapo.py: a rollout over TIMEOUT_PER_TASK (500 s) or whose compute_score raised gets -1.0."""
+    release = RewardConfig(mode="official", budget_s=500, timeout_reward=-1)
+    for response in (GOOD, "no tags", "<think>\ncut"):  # whatever the format: no format penalty replaces it
+        for reason, timed_out in (("timeout", True), ("error: ValueError: x", False)):
+            out = failed_outcome({"task": "code", "response": response}, release, reason, timed_out)
+            assert (out.reward, out.correct, out.filter_key) == (-1.0, False, 0.0)
+    assert failed_outcome({"task": "code", "response": GOOD}, release, "timeout", True).detail == (
+        "reward budget of 500 s exceeded")
 
 
 def test_worker_verifier_gives_disjoint_sandbox_slots() -> None:
@@ -168,6 +205,9 @@ def test_default_scorer_math(verifier_pool: RewardPool) -> None:
     assert (right.reward, right.correct, right.reason) == (1.0, True, "correct")
     assert (wrong.reward, wrong.correct, wrong.reason) == (0.0, False, "wrong")
     assert (cut.reward, cut.correct, cut.format_ok, cut.reason) == (-1.0, False, False, "format")
+    # the reasons in words, carried from the worker
+    assert (right.detail, wrong.detail, cut.detail) == ("answer 0.5 verified against \\frac{1}{2}",
+                                                        "answer \\frac{1}{3} is not \\frac{1}{2}", "missing </think>")
     assert verifier_pool.last_timeouts == verifier_pool.last_errors == 0
 
 
@@ -186,6 +226,7 @@ def test_default_scorer_code(verifier_pool: RewardPool) -> None:
     assert (full.reward, full.correct, full.filter_key, full.reason) == (1.0, True, 1.0, "correct")
     assert (partial.reward, partial.correct, partial.reason) == (pytest.approx(2 / 3), False, "wrong")
     assert (none.reward, none.reason) == (0.0, "no_program")
+    assert (full.detail, partial.detail) == ("all 3 tests passed", "2/3 tests passed; first failure: test 1 (wrong_answer)")
 
 
 # --- budgets, crashes, order ------------------------------------------------------------------------------

@@ -127,6 +127,14 @@ def test_rl_runs_scale_with_epochs_or_steps() -> None:
     assert steps["tokens"] == round(12.5 * 128 * 8 * (512 + 0.4 * 32768))
 
 
+def test_release_presets_count_verls_rounds() -> None:
+    """verl's epochs: 88,000 problems // 256 drawn per round = 343 rounds, 1,715 in 5 epochs (TRL's: 3,437.5)."""
+    assert estimates.rl_rounds(load_config(GppoConfig, "release-math"), 88_000) == 343 * 5
+    assert estimates.rl_rounds(load_config(GppoConfig, "math"), 88_000) == 5 * 88_000 / 128
+    rounds = row(run(gppo_math=["schedule_unit=round", "oversample=2.0"]), "math rollouts")
+    assert "(88K problems // 256 drawn per round) = 1,715 rounds" in rounds["detail"]
+
+
 def test_a_round_generates_for_its_refills() -> None:
     """prompts_per_step 128 x oversample 1.5 = 192 drawn, 60 % informative = 115.2 < 128: a refill of
     12.8 x 1.5 = 19.2 (11.52 informative), then 1.28 x 1.5 = 1.92 (max_refill_rounds 2)."""

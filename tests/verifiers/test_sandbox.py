@@ -1,6 +1,8 @@
 """Hostile programs against the real sandbox, each judged by looking at the outside world afterwards:
 files on disk, real listeners on 127.0.0.1, the process table, other processes still alive.
 
+The suite runs twice: under the paper's strict rules, and under the settings gppo's official reward runs programs
+with (code_rules release: bare programs, the release image's packages importable, firejail's limits).
 Runs as root in CI (per-slot uids); the uid-based process checks are skipped otherwise.
 """
 
@@ -22,6 +24,8 @@ from pathlib import Path
 
 import pytest
 
+from klear.gppo.config import RewardConfig
+from klear.gppo.rewards import official_verifier
 from klear.verifiers import SandboxPool, SandboxUnavailable, VerifierConfig
 from klear.verifiers import sandbox as sandbox_mod
 
@@ -29,6 +33,9 @@ ROOT = os.geteuid() == 0
 SECRET = "klear-test-secret-" + os.urandom(8).hex()
 CONFIG = VerifierConfig(code_workers=2, timeout_s=2.0, memory_mb=512, output_limit_bytes=4 << 20,
                         file_limit_bytes=4 << 20, nproc=16)
+# The official reward's own settings (timeout shortened), on uids of their own.
+RELEASE = official_verifier(RewardConfig(mode="official", official_timeout_s=2.0),
+                            CONFIG.model_copy(update={"slot_uid_base": 61100}))
 
 
 @pytest.fixture(scope="module")
@@ -43,13 +50,13 @@ def open_dir() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
-@pytest.fixture(scope="module")
-def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SandboxPool]:
+@pytest.fixture(scope="module", params=[CONFIG, RELEASE], ids=["strict", "official-reward"])
+def pool(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SandboxPool]:
     os.environ["KLEAR_SECRET_TOKEN"] = SECRET  # like AWS keys in a pod's environment
     os.environ["AWS_SECRET_ACCESS_KEY"] = SECRET
     root = tmp_path_factory.mktemp("sandbox-jobs")
     try:
-        with SandboxPool(CONFIG, keep_workdir=True, workdir_root=str(root)) as p:
+        with SandboxPool(request.param, keep_workdir=True, workdir_root=str(root)) as p:
             yield p
     finally:
         del os.environ["KLEAR_SECRET_TOKEN"], os.environ["AWS_SECRET_ACCESS_KEY"]
@@ -127,7 +134,8 @@ def test_sandbox_is_fully_confined(pool: SandboxPool) -> None:
     info = pool._all[0].info
     assert info["landlock_abi"] >= 6 and info["seccomp"] and not info["problems"]
     if ROOT:
-        assert pool.uids == [61000, 61001]
+        base = pool.config.slot_uid_base
+        assert base is not None and pool.uids == [base, base + 1]
 
 
 def test_clean_environment_and_private_workdir(pool: SandboxPool) -> None:
@@ -191,14 +199,14 @@ def test_thread_bomb(pool: SandboxPool) -> None:
         r = pool.run(program)
     assert r.status in ("ok", "runtime_error", "memory_limit")
     if ROOT:
-        assert 1 <= sampler.max_threads <= CONFIG.nproc
+        assert 1 <= sampler.max_threads <= pool.config.nproc
     assert_nothing_left(pool)
 
 
 def test_memory_bomb(pool: SandboxPool) -> None:
     r = pool.run("chunks = []\nwhile True:\n    chunks.append(bytearray(16 << 20))\n")
     assert r.status == "memory_limit"
-    assert r.maxrss_kb <= CONFIG.memory_mb * 1024  # measured by the kernel, outside the program
+    assert r.maxrss_kb <= pool.config.memory_mb * 1024  # measured by the kernel, outside the program
     assert_nothing_left(pool)
 
 
@@ -323,6 +331,7 @@ def test_unix_sockets_reach_nothing_but_pairs_work(pool: SandboxPool, open_dir: 
     finally:
         server.close()
         abstract.close()
+        path.unlink(missing_ok=True)  # open_dir is the module's: the next run of the suite expects the secret alone
 
 
 def _listening_ports() -> set[int]:
@@ -441,7 +450,7 @@ def test_two_gigabytes_of_stdout(pool: SandboxPool) -> None:
     start = time.monotonic()
     r = pool.run("import sys\nblock = b'x' * (1 << 20)\nfor _ in range(2048):\n    sys.stdout.buffer.write(block)\n")
     assert r.status == "output_limit"
-    assert len(r.stdout) <= CONFIG.output_limit_bytes
+    assert len(r.stdout) <= pool.config.output_limit_bytes
     assert time.monotonic() - start < 3  # the cap stops it early, not the timeout
     assert_nothing_left(pool)
 
@@ -455,11 +464,11 @@ def test_two_hundred_megabyte_file(pool: SandboxPool) -> None:
     )
     r = pool.run(program)
     assert r.status == "output_limit"
-    assert (Path(r.workdir) / "big.bin").stat().st_size <= CONFIG.file_limit_bytes
+    assert (Path(r.workdir) / "big.bin").stat().st_size <= pool.config.file_limit_bytes
     sparse = pool.run("import os\nf = open('sparse.bin', 'wb')\nf.truncate(200 << 20)\n")
     assert sparse.status != "ok"
     path = Path(sparse.workdir) / "sparse.bin"
-    assert not path.exists() or path.stat().st_size <= CONFIG.file_limit_bytes
+    assert not path.exists() or path.stat().st_size <= pool.config.file_limit_bytes
 
 
 def test_running_a_shell(pool: SandboxPool, open_dir: Path) -> None:
@@ -477,6 +486,58 @@ def test_running_a_shell(pool: SandboxPool, open_dir: Path) -> None:
     r = pool.run(program)
     assert r.status == "ok", r.stderr
     assert not marker.exists()
+    assert_nothing_left(pool)
+
+
+def test_offered_packages_open_no_way_out(pool: SandboxPool, open_dir: Path) -> None:
+    """Under the official reward's settings numpy, pandas, sympy, networkx and regex import, and with them loaded a
+    program still cannot write into them or beside the secret, read the secret, list the real site-packages,
+    reach a listener, fork or run a shell, nor keep more files open than firejail's 32."""
+    if pool.config.code_rules != "release":
+        pytest.skip("strict rules offer the standard library only")
+    assert pool.packages == sorted(RELEASE.official_packages)
+    import numpy
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    listener.settimeout(0.3)
+    site = os.path.dirname(os.path.dirname(numpy.__file__))
+    program = (
+        "import os, socket, subprocess, numpy, pandas, sympy, networkx, regex\n"
+        "print(int(numpy.arange(4).sum()), len(pandas.Series([1, 2])), sympy.Integer(3), networkx.__name__, "
+        "regex.sub('a', 'b', 'aa'), flush=True)\n"
+        "attempts = [\n"
+        "    lambda: open(os.path.join(os.path.dirname(numpy.__file__), 'pwned.py'), 'w').write('x'),\n"
+        "    lambda: open(os.path.join(os.path.dirname(pandas.__file__), '__init__.py'), 'a').write('x'),\n"
+        f"    lambda: open({str(open_dir / 'pwned')!r}, 'w').write('x'),\n"
+        f"    lambda: print(open({str(open_dir / 'secret.txt')!r}).read()),\n"
+        f"    lambda: os.listdir({site!r}),\n"
+        f"    lambda: socket.create_connection(('127.0.0.1', {listener.getsockname()[1]}), timeout=1).sendall(b'leak'),\n"
+        "    lambda: os.fork(),\n"
+        "    lambda: subprocess.run(['/bin/sh', '-c', 'echo pwned']),\n"
+        "    lambda: [open(os.devnull) for _ in range(40)],\n"
+        "]\n"
+        "for attempt in attempts:\n"
+        "    try:\n"
+        "        attempt()\n"
+        "        print('escaped')\n"
+        "    except OSError as e:\n"
+        "        print('refused', e.errno)\n"
+    )
+    try:
+        r = pool.run(program, timeout_s=20.0)  # the imports take a few seconds on a busy machine
+        assert r.status == "ok", r.stderr
+        first, *rest = r.stdout.decode().splitlines()
+        assert first == "6 2 3 networkx bb"
+        assert rest and all(line.startswith("refused") for line in rest), rest
+        with pytest.raises(TimeoutError):
+            listener.accept()
+    finally:
+        listener.close()
+    assert sorted(p.name for p in open_dir.iterdir()) == ["secret.txt"]
+    assert not (Path(numpy.__file__).parent / "pwned.py").exists()
+    assert not leaked(r, SECRET)
     assert_nothing_left(pool)
 
 

@@ -23,7 +23,7 @@ from tests.verifiers.numbers import decimal
 support = kernel_support()
 needs_sandbox = pytest.mark.skipif(support["landlock_abi"] < 6 or not support["seccomp"],
                                    reason="the sandbox needs Landlock ABI >= 6 and seccomp")
-RULES = ("strict", "official", "runner")
+RULES = ("strict", "official", "runner", "release")
 
 # Expected values are numbers other than 1 (True), so a forged b"true" read as a value is still wrong.
 CALL_TESTS = [TestCase("1\n2", "3", "functional"), TestCase("10\n-4", "6", "functional"),

@@ -483,6 +483,10 @@ def code_judging(verifier: VerifierConfig) -> str:
                 "ignored; " + common + "; lines equal as text or as Decimal lists; call-based results compared with == "
                 f"in-process; SystemExit ignored; ints print up to 50,000 digits; importable: "
                 f"{', '.join(verifier.official_packages)} (those installed)" + artifacts)
+    if verifier.code_rules == "release":
+        return ("rules release (the released RL code reward): the last ```python block after the first </think>, "
+                "finish reason ignored; " + common + "; stdin programs run without helper imports; output equal "
+                f"after strip(); importable: {', '.join(verifier.official_packages)} (those installed)")
     return (f"rules strict: last ```python block after {verifier.think_end!r}, truncated responses wrong; " + common +
             "; output compared token by token (numbers as numbers); standard library only")
 

@@ -13,7 +13,8 @@ from klear.verifiers.config import VerifierConfig
 
 # Here rather than in losses.py, so that reward workers read this config without importing torch.
 LossKind = Literal["ppo_clip", "clip_higher", "cispo", "gppo"]
-Aggregation = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
+Aggregation = Literal["token-mean", "micro-token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
+ScheduleUnit = Literal["step", "round"]
 
 
 class RewardConfig(pydantic.BaseModel):
@@ -24,22 +25,34 @@ class RewardConfig(pydantic.BaseModel):
     # Paper: math is 1 when the last \boxed{} after </think> verifies, else 0; a response whose reasoning is
     # not enclosed in <think>...</think> gets `format_penalty` instead (the paper gives no value).
     format_penalty: float = pydantic.Field(-1.0, le=0, description="reward of a response whose reasoning is not in <think>...</think>")
-    # Official code: -0.5 when </think> is missing, -2.0 when <think> is missing (instead of format_penalty).
+    # Official code: -0.5 when </think> is missing, else -2.0 when <think> is missing (the release's order: a response
+    # with neither tag gets -0.5), instead of format_penalty.
     official_format_penalties: bool = False
     # Paper: code reward = fraction of tests passed, in [0, 1]. Official code: mean of +1/-1 per test, in [-1, 1].
     code_reward: Literal["pass_fraction", "plus_minus"] = "pass_fraction"
     # official: the released verl reward code wholesale (verl/utils/reward_score/math_dapo.py, code_r1_compute.py,
     # reward_config.py). A response without </think> scores -0.5, else one without <think> -2 (checked in that
     # order, nothing else about the tags); math +1 right / -1 wrong on the text after the last </think>, so a
-    # missing end of thought ranks above a wrong answer; code: a program (last ```python block after </think>, else
-    # -1) runs on at most `official_max_tests` tests drawn per rollout (seeded by problem and response, where the
-    # release drew unseeded), `official_timeout_s` and `official_memory_mb` each, output equal after strip() (no
-    # token or number tolerance), reward the mean of +1 per pass and -1 per failure. The three switches above and
-    # format_penalty do not apply then. paper: the paper's rules, with those switches.
+    # missing end of thought ranks above a wrong answer; code: a program (the release's regex: the last "```python"
+    # + newline block after the first </think>; ```py, ```Python, a bare ``` or an empty block: -1) runs on at most
+    # `official_max_tests` tests drawn per rollout (seeded by problem and response, where the release drew
+    # unseeded), `official_tests_at_once` at a time, `official_timeout_s` and `official_memory_mb` each (the verifier's
+    # code_rules release: stdin programs bare, without helper imports; call-based ones after the release's
+    # BASE_IMPORTS names; `official_packages` importable), a test passed when the program exits 0 with its output
+    # equal after strip() (no token or number tolerance), reward the mean of +1 per pass and -1 per failure. The
+    # three switches above and format_penalty do not apply then. paper: the paper's rules, with those switches.
     mode: Literal["paper", "official"] = pydantic.Field("paper", description="paper rules, or the released reward code's")
     official_max_tests: int = pydantic.Field(16, ge=1, description="official code: tests per rollout (MAX_TEST_CASES)")
     official_timeout_s: float = pydantic.Field(35.0, gt=0, description="official code: per test (firejail --timeout)")
     official_memory_mb: int = pydantic.Field(1024, ge=64, description="official code: address space (--rlimit-as=1024m)")
+    official_tests_at_once: int = pydantic.Field(
+        2, ge=1, description="official code: tests run at once per rollout (code_r1_compute MAX_WORKERS): 16 tests "
+        "of 35 s end within 280 s")
+    # What the release's image (docker/Dockerfile.ngc.vllm*) gave programs beyond the standard library, of what its
+    # reward's code names (BASE_IMPORTS: numpy, pandas) or solutions import: numpy and pandas (pip-installed there),
+    # sympy and networkx (torch's requirements), regex (transformers'); those installed here are offered, read-only.
+    official_packages: tuple[str, ...] = pydantic.Field(
+        ("numpy", "pandas", "sympy", "networkx", "regex"), description="official code: importable packages")
     # Which per-rollout value must vary within a group for the group to be trained on (zero-advantage filter):
     # accuracy (reward == the correct score: verified answer / all tests passed, well formatted), as the released
     # runs (filter_groups.metric=acc) for math and code; or the reward itself, which also keeps all-wrong groups whose
@@ -50,8 +63,10 @@ class RewardConfig(pydantic.BaseModel):
 
     # Worker processes with hard wall-clock budgets: a stuck reward is killed, scored `timeout_reward`, counted.
     workers: int = pydantic.Field(0, ge=0, description="reward processes; 0 = one per core of the CPU limit")
-    budget_s: float = pydantic.Field(60.0, gt=0, description="wall-clock budget of one rollout's reward")
-    timeout_reward: float = 0.0
+    budget_s: float = pydantic.Field(60.0, gt=0, description="wall-clock budget of one rollout's reward "
+                                     "(release: 500, reward_manager/dapo.py TIMEOUT_PER_TASK)")
+    timeout_reward: float = pydantic.Field(0.0, description="reward of a rollout over its budget or whose scorer "
+                                           "raised (release: -1)")
     scorer: str = pydantic.Field("klear.gppo.rewards:score_rollout",
                                  description="module:function scoring one rollout task (tests plug in others)")
 
@@ -70,8 +85,12 @@ class GppoConfig(StageConfig, TrackingSettings):
     eps_high: float = pydantic.Field(0.28, gt=0)
     beta1: float = pydantic.Field(1.0, ge=0, description="GPPO Eq. 17: scales the gradient of δ < 1−ε_l, Ã < 0 tokens")
     beta2: float = pydantic.Field(1.0, ge=0, description="GPPO Eq. 17: scales the gradient of δ > 1+ε_h, Ã > 0 tokens")
-    dual_clip: float | None = pydantic.Field(None, gt=1, description="official code: 10 (caps negative-advantage losses)")
-    agg: Aggregation = pydantic.Field("token-mean", description="token-mean: over all tokens of the mini-batch (paper)")
+    dual_clip: float | None = pydantic.Field(
+        None, ge=1, description="caps negative-advantage losses at -c·Ã: the release's script sets 10; its code before "
+        "2025-08-13 applied 1 whatever the script set")
+    agg: Aggregation = pydantic.Field(
+        "token-mean", description="token-mean: over all kept tokens of the mini-batch (paper); micro-token-mean: per "
+        "micro-batch, weighted by its share of the mini-batch's rollouts (the release's verl)")
     sft_alpha: float = pydantic.Field(0.1, ge=0, description="α of the NLL term on correct rollouts (Eq. 13-14)")
     filter_zero_advantage: bool = pydantic.Field(True, description="drop groups whose reward.filter_on keys are all equal (§5.2.5)")
 
@@ -95,7 +114,12 @@ class GppoConfig(StageConfig, TrackingSettings):
     max_steps: int = pydantic.Field(-1, description="optimizer steps; -1 = num_epochs over the data")
     num_epochs: float = pydantic.Field(1.0, gt=0)
     weight_decay: float = pydantic.Field(0.0, ge=0)
-    warmup_steps: int = pydantic.Field(0, ge=0, description="linear warm-up to learning_rate, then constant")
+    warmup_steps: int = pydantic.Field(0, ge=0, description="linear warm-up to learning_rate, then constant; counted "
+                                       "in schedule_unit")
+    schedule_unit: ScheduleUnit = pydantic.Field(
+        "step", description="what warmup_steps and num_epochs count: step = optimizer steps and passes of TRL's sampler "
+        "(paper presets); round = the release's verl: warm-up in generation rounds (the rate held within a round, "
+        "round 0 at 0) and epochs of prompts / (prompts_per_step x oversample) rounds (klear/gppo/schedule.py)")
     max_grad_norm: float = pydantic.Field(1.0, gt=0)
     seed: int = 42
 
@@ -128,6 +152,9 @@ class GppoConfig(StageConfig, TrackingSettings):
     keep_checkpoints: int = pydantic.Field(2, ge=1)
     resume: bool = True
     logging_steps: int = pydantic.Field(1, ge=1)
+    rollout_log: int = pydantic.Field(
+        8, ge=0, description="rollouts of each generation round written to logs/rollouts.jsonl with the reward and "
+        "reason they got (`klear reward --rollouts` rescores them); 0 = none")
 
     # --- validation during RL: the evaluation's own protocol and judge on a held-out set ---
     val_data: list[str] = pydantic.Field(

@@ -29,12 +29,13 @@ def aggregate(per_token: torch.Tensor, mask: torch.Tensor, agg: Aggregation = "t
     """Reduce a (batch, tokens) loss over the masked tokens.
 
     token-mean: over all response tokens of the batch (the paper's choice: long responses weigh
-    by their length); seq-mean-token-mean: per response, then over responses (GRPO's original);
+    by their length); micro-token-mean: the same within one micro-batch (how micro-batches combine is
+    `micro_batch_share`'s); seq-mean-token-mean: per response, then over responses (GRPO's original);
     seq-mean-token-sum: token sums per response, averaged over responses (Dr. GRPO-like).
     """
     mask = mask.to(per_token.dtype)
     summed = per_token * mask
-    if agg == "token-mean":
+    if agg in ("token-mean", "micro-token-mean"):
         return summed.sum() / mask.sum().clamp(min=1.0)
     seq_tokens = mask.sum(dim=-1)
     has_tokens = seq_tokens > 0
@@ -45,6 +46,25 @@ def aggregate(per_token: torch.Tensor, mask: torch.Tensor, agg: Aggregation = "t
     if agg == "seq-mean-token-sum":
         return summed.sum(dim=-1)[has_tokens].mean()
     raise ValueError(f"unknown aggregation {agg!r}; expected one of {AGGREGATIONS}")
+
+
+def micro_batch_share(agg: Aggregation, mask: torch.Tensor, batch_tokens: torch.Tensor | float,
+                      batch_seqs: torch.Tensor | float) -> torch.Tensor:
+    """The weight of one micro-batch's aggregated loss in its mini-batch's: summed over the micro-batches, the
+    weighted losses give the mini-batch loss under `agg`. `batch_tokens` / `batch_seqs`: the kept tokens / responses
+    of the whole mini-batch.
+
+    token-mean weighs a micro-batch by its kept tokens, so the mini-batch loss is the mean over all its tokens
+    whatever the split. The others by its responses: for micro-token-mean that is the release's verl (dp_actor:
+    each micro-batch's token-mean x len(micro-batch) / ppo_mini_batch_size), where a micro-batch of few long
+    responses weighs its tokens more than one of many short ones.
+    """
+    if agg == "token-mean":
+        local, total = mask.sum(), batch_tokens
+    else:
+        local, total = (mask.sum(-1) > 0).sum(), batch_seqs
+    dtype = mask.dtype if mask.is_floating_point() else torch.float32  # masks may be integer tensors
+    return local.to(dtype) / torch.as_tensor(total, dtype=dtype, device=mask.device).clamp(min=1.0)
 
 
 def policy_loss(
@@ -66,8 +86,9 @@ def policy_loss(
 
     logp, old_logp, mask: (batch, tokens); advantages: (batch,) or (batch, tokens).
     `dual_clip` = c caps the loss of negative-advantage tokens at −c·Ã where δ > c (the official
-    Klear code uses c = 10; off in the paper). Stats: fractions of masked tokens clipped at the
-    lower and upper bound, mean and max ratio, approximate KL to the old policy (k3 estimator).
+    Klear script sets c = 10, which its code applies from 2025-08-13, c = 1 before; off in the
+    paper). Stats: fractions of masked tokens clipped at the lower and upper bound, mean and max
+    ratio, approximate KL to the old policy (k3 estimator).
     `token_weights` (batch, tokens) multiply each token's objective without gradient: the truncated
     importance weight π_trainer/π_sampler that corrects for vLLM's log-probs differing from the trainer's.
     """
@@ -99,8 +120,8 @@ def policy_loss(
             clipped_value = torch.where(lower, low_bound, high_bound) * adv
         objective = torch.where(lower | upper, clipped_value, ratio * adv)
     if dual_clip is not None:
-        if dual_clip <= 1.0:
-            raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
+        if dual_clip < 1.0:  # 1 is the release's code before 2025-08-13 (-Ã whatever clip_ratio_c said)
+            raise ValueError(f"dual_clip must be >= 1, got {dual_clip}")
         capped = (adv < 0) & (ratio.detach() > dual_clip)
         objective = torch.where(capped, dual_clip * adv, objective)
 

@@ -62,7 +62,7 @@ def make_trainer(model_dir: Path, tokenizer: Any, dataset: Any, config: GppoConf
 
     args = grpo_arguments(config, work / "trainer", hf_model.launched_processes(), use_cpu=not hf_model.has_accelerator(),
                           deepspeed=hf_model.deepspeed_config(config.deepspeed),
-                          attn_implementation=hf_model.attention(config.attn_implementation))
+                          attn_implementation=hf_model.attention(config.attn_implementation), prompts=len(dataset))
     return GppoTrainer(model=str(model_dir), args=args, train_dataset=dataset, processing_class=tokenizer,
                        gppo=config, reward=VerifierReward(pool, config.task))
 
@@ -74,12 +74,15 @@ def _dataset(inputs: StageInputs) -> tuple[Any, dict[str, Any]]:
 def _trainer(inputs: StageInputs, dataset: Any) -> Prepared:
     from klear.common import tracking
     from klear.gppo.metrics import HistoryLogger, summarize
+    from klear.gppo.reward_command import ROLLOUT_LOG
     from klear.gppo.rewards import RewardPool
     from klear.gppo.validation import Validation
 
     config = inputs.config
     pool = inputs.stack.enter_context(RewardPool(config.reward, config.verifier))
     trainer = make_trainer(inputs.model_dir, inputs.tokenizer, dataset, config, inputs.work, pool)
+    if trainer.is_world_process_zero():  # published with the TensorBoard logs, kept in every checkpoint with them
+        trainer.verifier_reward.log_to(inputs.work / ROLLOUT_LOG, config.rollout_log)
     history = HistoryLogger()
     trainer.add_callback(history)
     tracking.install(trainer, config, "gppo", inputs.output, inputs.work / "logs")

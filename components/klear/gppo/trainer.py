@@ -25,8 +25,9 @@ from trl import GRPOConfig, GRPOTrainer
 
 from klear.gppo.batching import gather_rows, pick_groups, shortfall, varied_groups
 from klear.gppo.config import GppoConfig, accumulation_steps
-from klear.gppo.losses import policy_loss, sft_loss
+from klear.gppo.losses import micro_batch_share, policy_loss, sft_loss
 from klear.gppo.metrics import gradient_kept_fraction
+from klear.gppo.schedule import lr_factor, planned_steps
 
 if TYPE_CHECKING:
     from klear.gppo.rewards import RewardOutcome, RewardPool
@@ -64,7 +65,8 @@ class PromptStream:
 
 
 class VerifierReward:
-    """TRL reward function that scores rollouts in the reward pool; keeps each call's outcomes for the trainer."""
+    """TRL reward function that scores rollouts in the reward pool; keeps each call's outcomes for the trainer,
+    and writes the first rollouts of each call to a log when given one (`log_to`)."""
 
     __name__ = "verifier"
 
@@ -72,6 +74,13 @@ class VerifierReward:
         self.pool, self.task = pool, task
         self.outcomes: list[RewardOutcome] = []
         self.seconds = 0.0  # wall time spent scoring, cumulative
+        self.step = 0  # the optimizer step the rollouts are generated at, for the log
+        self._log: Path | None = None
+        self._log_count = 0
+
+    def log_to(self, path: Path, count: int) -> None:
+        """Append the first `count` rollouts of every call to `path` (JSONL), with their reward and reason."""
+        self._log, self._log_count = (path, count) if count > 0 else (None, 0)
 
     def __call__(self, prompts: list, completions: list, completion_ids: list, **columns: Any) -> list[float]:
         tasks = [rollout_task(self.task, completion_text(c), {k: columns[k][i] for k in ("answer", "tests", "fn_name", "problem_id")
@@ -79,6 +88,11 @@ class VerifierReward:
         started = time.perf_counter()
         self.outcomes = self.pool.score(tasks)
         self.seconds += time.perf_counter() - started
+        if self._log is not None:
+            self._log.parent.mkdir(parents=True, exist_ok=True)
+            with self._log.open("a", encoding="utf-8") as log_file:
+                for task, outcome in list(zip(tasks, self.outcomes))[:self._log_count]:
+                    log_file.write(json.dumps(rollout_record(task, outcome, self.step)) + "\n")
         return [o.reward for o in self.outcomes]
 
 
@@ -87,6 +101,22 @@ def completion_text(completion: Any) -> str:
     if isinstance(completion, str):
         return completion
     return "".join(m["content"] for m in completion if m.get("role", "assistant") == "assistant")
+
+
+# A code rollout's tests are logged with it up to this size; larger ones (some problems carry megabytes) are not.
+LOGGED_TESTS_BYTES = 1 << 20
+
+
+def rollout_record(task: dict[str, Any], outcome: RewardOutcome, step: int) -> dict[str, Any]:
+    """One line of logs/rollouts.jsonl: what `klear reward --rollouts` reads, and what the rollout got."""
+    record = {"step": step, **{k: v for k, v in task.items() if v is not None}}
+    if task.get("tests") is not None:
+        size = len(json.dumps(task["tests"]))
+        if size > LOGGED_TESTS_BYTES:
+            record.pop("tests")
+            record["tests_bytes"] = size
+    return {**record, "reward": outcome.reward, "reason": outcome.detail or outcome.reason, "outcome": outcome.reason,
+            "correct": outcome.correct}
 
 
 def rollout_task(task: str, response: str, row: dict[str, Any]) -> dict[str, Any]:
@@ -98,10 +128,12 @@ def rollout_task(task: str, response: str, row: dict[str, Any]) -> dict[str, Any
 
 
 def grpo_arguments(cfg: GppoConfig, output_dir: Path, world_size: int, use_cpu: bool, deepspeed: str | None,
-                   attn_implementation: str) -> GRPOConfig:
+                   attn_implementation: str, prompts: int) -> GRPOConfig:
     """TRL's config for the paper's batch layout: one generation round of `prompts_per_step` prompts,
-    trained on as `updates_per_step` optimizer steps of `prompts_per_update` prompts each."""
+    trained on as `updates_per_step` optimizer steps of `prompts_per_update` prompts each; `prompts` usable
+    prompts set the run's length when it is counted in rounds (schedule.py)."""
     accumulation = accumulation_steps(cfg, world_size)  # the rule `klear plan` checks too
+    by_step = cfg.schedule_unit == "step"  # round units: GppoTrainer.create_scheduler sets verl's schedule
     return GRPOConfig(
         output_dir=str(output_dir),
         per_device_train_batch_size=cfg.per_device_batch_size,
@@ -110,11 +142,11 @@ def grpo_arguments(cfg: GppoConfig, output_dir: Path, world_size: int, use_cpu: 
         num_generations=cfg.num_generations,
         num_iterations=1,
         learning_rate=cfg.learning_rate,
-        lr_scheduler_type="constant_with_warmup" if cfg.warmup_steps else "constant",
-        warmup_steps=cfg.warmup_steps,
+        lr_scheduler_type="constant_with_warmup" if cfg.warmup_steps and by_step else "constant",
+        warmup_steps=cfg.warmup_steps if by_step else 0,
         weight_decay=cfg.weight_decay,
         max_grad_norm=cfg.max_grad_norm,
-        max_steps=cfg.max_steps,
+        max_steps=planned_steps(cfg, prompts),
         num_train_epochs=cfg.num_epochs,
         seed=cfg.seed,
         beta=0.0,  # no KL term, no reference model
@@ -210,6 +242,16 @@ class GppoTrainer(GRPOTrainer):
                                                                   completion_tokens)
         return logps[0]
 
+    def create_scheduler(self, num_training_steps: int, optimizer: Any = None) -> Any:
+        """In round units, verl's schedule (schedule.lr_factor): the rate moves once per generation round."""
+        if self.gppo.schedule_unit == "step" or getattr(self, "lr_scheduler", None) is not None:
+            return super().create_scheduler(num_training_steps, optimizer)
+        cfg = self.gppo
+        self.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer or self.optimizer,
+                                                              lambda step: lr_factor(step, cfg))
+        self._created_lr_scheduler = True
+        return self.lr_scheduler
+
     def training_step(self, model: Any, inputs: dict[str, Any], num_items_in_batch: Any) -> torch.Tensor:
         """Adds `time/update_s` per optimizer step: the step's wall time without its generation round."""
         started, rollouts_before = time.perf_counter(), self._rollout_seconds
@@ -242,6 +284,7 @@ class GppoTrainer(GRPOTrainer):
         if len(inputs) % group:
             raise ValueError(f"{len(inputs)} rollouts on this rank do not form whole groups of {group}")
         quota = len(inputs) // group
+        self.verifier_reward.step = self.state.global_step
         started, reward_seconds = time.perf_counter(), self.verifier_reward.seconds
         filtering = cfg.filter_zero_advantage
         rows = inputs + (self._refill_rows(math.ceil((cfg.oversample - 1) * quota)) if filtering else [])
@@ -334,16 +377,17 @@ class GppoTrainer(GRPOTrainer):
         window = self.accelerator.num_processes
         if mode == "train":
             window /= self.current_gradient_accumulation_steps / self.args.steps_per_generation
-        if cfg.agg == "token-mean":
-            local, total = mask.sum(), inputs["num_items_in_batch"]
-        else:
-            local, total = (mask.sum(-1) > 0).sum(), inputs["num_seqs_in_batch"]
-        loss = mean_loss * local / (total / window).clamp(min=1.0)
+        share = micro_batch_share(cfg.agg, mask, inputs["num_items_in_batch"] / window,
+                                  inputs["num_seqs_in_batch"] / window)
+        loss = mean_loss * share
         nll = torch.zeros((), device=logps.device)
         if cfg.sft_alpha > 0 and "correct" in inputs:
             nll = sft_loss(logps, mask, inputs["correct"])
-            sft_tokens = (mask * inputs["correct"].unsqueeze(1)).sum()
-            loss = loss + cfg.sft_alpha * nll * sft_tokens / (inputs["num_sft_items"] / window).clamp(min=1.0)
+            if cfg.agg == "micro-token-mean":  # the release adds α x the micro-batch's NLL before weighing it
+                loss = loss + cfg.sft_alpha * nll * share
+            else:  # the NLL's token mean over all correct tokens of the mini-batch
+                sft_tokens = (mask * inputs["correct"].unsqueeze(1)).sum()
+                loss = loss + cfg.sft_alpha * nll * sft_tokens / (inputs["num_sft_items"] / window).clamp(min=1.0)
 
         metrics = self._metrics[mode]
         for name, value in stats.items():

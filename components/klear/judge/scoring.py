@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from klear.judge.problems import Problem
-from klear.verifiers.code_verifier import CodeResult, TestCase, extract_program, extract_program_lcb, process_verifier, select_tests
+from klear.verifiers.code_verifier import CodeResult, TestCase, extract_program, process_verifier, program_of, select_tests
 from klear.verifiers.config import VerifierConfig
 from klear.verifiers.math_verifier import extract_answer, judge, judge_official
 
@@ -67,8 +67,8 @@ def prepare(response: str, finish_reason: str | None, problem: Problem | None,
     if kind == "math" and verifier.math_mode == "official":  # released judge_math.py: whole response, any finish
         assert problem.answer is not None
         return {"kind": "math", "gold": problem.answer, "answer": response, "official": True}, None
-    if kind == "code" and verifier.lcb_rules:  # lcb_runner: last fenced block of the raw output, any finish
-        official_program = extract_program_lcb(response)
+    if kind == "code" and verifier.code_rules != "strict":  # lcb_runner's or the release's rule, any finish
+        official_program = program_of(response, verifier)
         if official_program is None:
             return Judgement(kind, False, 0.0, "no_program", 0, total)
         return {"kind": "code", "program": official_program, "tests": problem.tests, "fn_name": problem.fn_name,

@@ -19,6 +19,7 @@ from typing import Any
 
 from klear.evaluate.config import EvaluateConfig
 from klear.gppo.config import GppoConfig
+from klear.gppo.schedule import prompts_drawn_per_round, rounds_per_epoch
 from klear.plan import checks
 from klear.plan.memory import attention_implementation
 from klear.plan.shapes import Cluster, Model
@@ -224,9 +225,11 @@ def sft_row(config: SftConfig, teacher: SampleConfig, policy: Model, figures: Gp
 
 def rl_rounds(config: GppoConfig, problems: int) -> float:
     """Generation rounds of an RL run: max_steps optimizer steps at updates_per_step per round, or num_epochs over
-    the problems at prompts_per_step per round."""
+    the problems at prompts_per_step per round (schedule_unit round: verl's epochs of prompts drawn per round)."""
     if config.max_steps > 0:
         return config.max_steps / config.updates_per_step
+    if config.schedule_unit == "round":
+        return math.floor(rounds_per_epoch(problems, prompts_drawn_per_round(config)) * config.num_epochs)
     return config.num_epochs * problems / config.prompts_per_step
 
 
@@ -260,9 +263,14 @@ def gppo_rows(task: str, config: GppoConfig, problems: int, policy: Model, figur
     generated = rounds * generated_prompts_per_round(config, assumptions.uninformative_groups) * config.num_generations
     rate = figures.dense_8b_tokens_s * assumptions.rl_generation_efficiency
     span = math.ceil(rollout)  # a rollout's own sequence (padding to the micro-batch's longest not counted)
-    steps = (f"max_steps {config.max_steps}" if config.max_steps > 0 else
-             f"num_epochs {config.num_epochs:g} x {_tokens(problems)} problems / prompts_per_step "
-             f"{config.prompts_per_step}")
+    if config.max_steps > 0:
+        steps = f"max_steps {config.max_steps}"
+    elif config.schedule_unit == "round":  # verl's epochs: whole rounds of the prompts drawn per round
+        steps = (f"num_epochs {config.num_epochs:g} x ({_tokens(problems)} problems // "
+                 f"{prompts_drawn_per_round(config)} drawn per round)")
+    else:
+        steps = (f"num_epochs {config.num_epochs:g} x {_tokens(problems)} problems / prompts_per_step "
+                 f"{config.prompts_per_step}")
     rollouts = Row("gppo", f"{task} rollouts", policy.name, round(generated * rollout), generated * response / rate / 3600,
                    f"{steps} = {rounds:,.0f} rounds x {generated / rounds / config.num_generations:,.0f} prompts "
                    f"x {config.num_generations} generations x (prompt {prompt} + {assumptions.rollout_response_fraction:g}"

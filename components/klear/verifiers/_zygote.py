@@ -54,6 +54,86 @@ PREAMBLE = (
     "sys.setrecursionlimit(50000)\n"
 )
 
+# code_rules release: the names the released verl code reward puts before a call-based program (its
+# code_r1_reward/utils.py BASE_IMPORTS and BASE_LEETCODE_IMPORTS), written here as ours. Where a name is bound twice
+# there, the later binding holds (`bisect` and `copy` are the modules, `time` the function). A stdin program gets
+# none of them: the release runs it bare. Executed in the program's process, so its import time counts against the
+# test's timeout as there.
+RELEASE_IMPORTS = """\
+from bisect import bisect_left, bisect_right, insort
+from collections import Counter, OrderedDict, defaultdict, deque
+from copy import deepcopy
+from functools import cache, cmp_to_key, lru_cache, partial, reduce
+from heapq import heapify, heappop, heappush, heapreplace, merge, nlargest, nsmallest
+from itertools import (accumulate, chain, combinations, count, cycle, groupby, islice, pairwise, permutations, product,
+                       repeat, zip_longest)
+from math import atan2, ceil, comb, factorial, floor, gcd, inf, isqrt, log, log2, log10, pi, prod, sqrt
+from operator import iand, itemgetter, or_, sub, xor
+from os.path import commonprefix
+from random import randrange, shuffle
+from re import search as re_search
+from string import ascii_lowercase, ascii_uppercase
+from time import time
+from typing import Any, Callable, Deque, Dict, Generator, Iterable, Iterator, List, Optional, Set, Tuple, Union
+import bisect, collections, copy, datetime, functools, heapq, io, itertools, math, operator, os, random, re, string
+import sys
+try:
+    import numpy as np
+except ImportError:  # not installed beside the verifier (the sandbox logged it): programs without it still run
+    pass
+try:
+    import pandas as pd
+except ImportError:
+    pass
+
+
+class ListNode:
+    def __init__(self, val=0, next=None):
+        self.val, self.next = val, next
+
+
+class TreeNode:
+    def __init__(self, val=0, left=None, right=None):
+        self.val, self.left, self.right = val, left, right
+
+
+def list_node(values):
+    head = None
+    for value in reversed(values):
+        head = ListNode(value, head)
+    return head
+
+
+def is_same_list(l1, l2):
+    while l1 and l2:
+        if l1.val != l2.val:
+            return False
+        l1, l2 = l1.next, l2.next
+    return l1 is None and l2 is None
+
+
+def tree_node(values):
+    if not values:
+        return None
+    root = TreeNode(values[0])
+    parents, i = deque([root]), 1
+    while parents and i < len(values):
+        node = parents.popleft()
+        for side in ("left", "right"):
+            if i < len(values) and values[i] is not None:
+                child = TreeNode(values[i])
+                setattr(node, side, child)
+                parents.append(child)
+            i += 1
+    return root
+
+
+def is_same_tree(p, q):
+    if not p or not q:
+        return not p and not q
+    return p.val == q.val and is_same_tree(p.left, q.left) and is_same_tree(p.right, q.right)
+"""
+
 EXIT_MEMORY = 3  # the program raised MemoryError (hit RLIMIT_AS)
 EXIT_SETUP = 4  # the sandbox could not be set up: never run the program then
 HIGH_FD = 100  # where the zygote keeps directory fds that children inherit
@@ -288,13 +368,26 @@ def _run_program(job: dict, state: dict, workdir: str) -> None:
     sys.stderr = sys.__stderr__ = open(2, "w", encoding="utf-8", closefd=False)  # type: ignore[misc]
     code = 0
     official = job.get("rules") in ("official", "runner")  # runner: official plus lcb_runner's artifacts
+    release = job.get("rules") == "release"
     try:
-        # The helper imports were executed once in the zygote; this child has its own (copy-on-write)
-        # copy of that namespace, so it is used as is (copying would touch every object's refcount).
-        namespace = state["preamble_ns"]
-        namespace.update(__name__="__main__", __builtins__=builtins, stdin=sys.stdin, stdout=sys.stdout,
-                         stderr=sys.stderr)
-        sys.setrecursionlimit(50000)
+        if release:
+            # `python program.py` as the released reward runs it: a bare module, Python's own recursion and
+            # int-digit limits, the builtins `site` adds (exit() and quit(): this zygote runs without site, -S); a
+            # call-based program after the release's names.
+            site = __import__("site")
+            site.setquit()
+            site.setcopyright()
+            site.sethelper()
+            namespace: dict = {"__name__": "__main__", "__builtins__": builtins, "__doc__": None}
+            if job["fn_name"] is not None:
+                exec(compile(RELEASE_IMPORTS, "<release imports>", "exec"), namespace)
+        else:
+            # The helper imports were executed once in the zygote; this child has its own (copy-on-write)
+            # copy of that namespace, so it is used as is (copying would touch every object's refcount).
+            namespace = state["preamble_ns"]
+            namespace.update(__name__="__main__", __builtins__=builtins, stdin=sys.stdin, stdout=sys.stdout,
+                             stderr=sys.stderr)
+            sys.setrecursionlimit(50000)
         if official:
             sys.set_int_max_str_digits(50000)  # lcb_runner's compute_code_generation_metrics raises the limit
             if job["fn_name"] is not None:
@@ -305,7 +398,7 @@ def _run_program(job: dict, state: dict, workdir: str) -> None:
             exec(compile(job["code"], "<solution>", "exec"), namespace)
         if job.get("calls") is not None:
             _call_runner_shared(job, namespace)
-        elif job["fn_name"] is not None and official:
+        elif job["fn_name"] is not None and (official or release):
             _call_official(job, namespace)
         elif job["fn_name"] is not None:
             args = [__import__("json").loads(line) for line in job["args"].split("\n") if line.strip()]
@@ -434,9 +527,10 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 def _call_official(job: dict, namespace: dict) -> None:
-    """lcb_runner's call-based run: Solution().fn_name, or a module-level function when the code has no
-    `class Solution`; the result (a top-level tuple made a list) goes to the result fd as `encode_value` writes it,
-    for the harness to compare with the expected value (lcb_runner's `==`, done where the program cannot reach)."""
+    """lcb_runner's call-based run (rules official and runner; release too, whose test programs assert `==` on the
+    call): Solution().fn_name, or a module-level function when the code has no `class Solution`; the result (a
+    top-level tuple made a list) goes to the result fd as `encode_value` writes it, for the harness to compare with
+    the expected value (lcb_runner's `==`, done where the program cannot reach)."""
     json = __import__("json")
     args = [json.loads(line) for line in job["args"].split("\n")]
     owner = namespace["Solution"]() if "class Solution" in job["code"] else None
@@ -664,12 +758,16 @@ def _setup(config: dict) -> dict:
         os.close(fd)
         read_fds.append((high, path))
     site = _site_folder(config.get("site_dir"), config.get("site_packages") or [], read_fds, config["uid"])
+    site_entry = site
     if site:
         fd = os.open(site, os.O_PATH | os.O_CLOEXEC)
         high = HIGH_FD + len(read_fds)
         os.dup2(fd, high, inheritable=True)
         os.close(fd)
         read_fds.append((high, site))
+        # A slot uid reaches the folder through its inherited fd, as the stdlib: the path above it (a caller's
+        # workdir_root) may be closed to that uid.
+        site_entry = f"/proc/self/fd/{high}" if config["uid"] is not None else site
     uid = config["uid"]
     nproc_base = 0
     if uid is None:
@@ -686,8 +784,8 @@ def _setup(config: dict) -> dict:
         __import__(name)
     if uid is not None:
         _import_through_fds(read_fds, set(config["stdlib_paths"]))
-    if site:
-        sys.path.append(site)  # after the stdlib remapping, which keeps only the stdlib's entries
+    if site_entry:
+        sys.path.append(site_entry)  # after the stdlib remapping, which keeps only the stdlib's entries
     preamble_ns: dict = {}
     exec(PREAMBLE.replace("sys.setrecursionlimit(50000)\n", ""), preamble_ns)
     preamble_ns.pop("__builtins__", None)
@@ -715,14 +813,18 @@ def _setup(config: dict) -> dict:
 def _site_folder(site_dir: str | None, packages: list[tuple[str, str]], read_fds: list[tuple[int, str]],
                  uid: int | None) -> str | None:
     """A folder of links to the offered packages' trees (each readable by its own Landlock rule), the one
-    entry programs import them from. A slot uid reaches a tree through its inherited fd, as the stdlib."""
+    entry programs import them from. A slot uid reaches a tree through its inherited fd, as the stdlib. A zygote
+    that replaces a dead one finds its predecessor's links: they are made anew (the fd numbers may differ)."""
     if not site_dir or not packages:
         return None
     fds = {path: fd for fd, path in read_fds}
     os.makedirs(site_dir, mode=0o755, exist_ok=True)
     for name, path in packages:
         if path in fds:
-            os.symlink(f"/proc/self/fd/{fds[path]}" if uid is not None else path, os.path.join(site_dir, name))
+            link = os.path.join(site_dir, name)
+            if os.path.lexists(link):
+                os.unlink(link)
+            os.symlink(f"/proc/self/fd/{fds[path]}" if uid is not None else path, link)
     return site_dir
 
 

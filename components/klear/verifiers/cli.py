@@ -83,7 +83,7 @@ def run_math(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load_tests(path: str, fn_name: str | None) -> tuple[list[Any], str | None]:
+def load_tests(path: str, fn_name: str | None) -> tuple[list[Any], str | None]:
     """The tests of a --tests file and the fn_name it names (unless given): errors name the file and line or test."""
     from klear.verifiers.code_verifier import TestCase
 
@@ -109,7 +109,7 @@ def _load_tests(path: str, fn_name: str | None) -> tuple[list[Any], str | None]:
 def run_code(args: argparse.Namespace) -> int:
     from klear.verifiers.code_verifier import CodeVerifier
 
-    tests, fn_name = _load_tests(args.tests, args.fn_name)
+    tests, fn_name = load_tests(args.tests, args.fn_name)
     program = read_text(args.program)
     with CodeVerifier(_config(args)) as verifier:
         result = verifier.run_tests(program, tests, fn_name, args.mode, args.problem_id, args.timeout)

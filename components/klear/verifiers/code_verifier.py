@@ -20,17 +20,21 @@ from typing import Any, Literal
 
 from klear.common.chat import THINK_CLOSE
 from klear.verifiers._zygote import decode_value
-from klear.verifiers.config import LCB_RULES, VerifierConfig
+from klear.verifiers.config import LCB_RULES, VALUE_RULES, VerifierConfig
 from klear.verifiers.sandbox import RunResult, SandboxPool
 
-__all__ = ["CodeResult", "CodeVerifier", "TestCase", "compare_stdout", "compare_stdout_lcb", "extract_program",
-           "extract_program_lcb", "lcb_call_verdict", "select_tests", "shared_call_verdicts"]
+__all__ = ["CodeResult", "CodeVerifier", "TestCase", "compare_stdout", "compare_stdout_exact", "compare_stdout_lcb",
+           "extract_program", "extract_program_lcb", "extract_program_release", "program_of", "lcb_call_verdict", "select_tests",
+           "shared_call_verdicts"]
 
 Verdict = Literal["passed", "wrong_answer", "runtime_error", "timeout", "memory_limit", "output_limit",
                   "sandbox_error", "not_run"]
 
 _FENCE_MARK = re.compile(r"```([^\n`]*)")
 PYTHON_FENCES = ("python", "python3", "py")
+# The released reward's CODE_EXTRACTION_PATTERN, r"</think>.*```python\n(.*?)\n```" (DOTALL, search), in parts.
+RELEASE_FENCE_OPEN = "```python\n"
+RELEASE_FENCE_CLOSE = "\n```"
 
 
 # --- pure functions --------------------------------------------------------------------------------
@@ -47,6 +51,35 @@ def extract_program(response: str, think_end: str = THINK_CLOSE, require_think_e
     # (LiveCodeBench's own extraction takes the last fenced block whatever its language).
     chosen = [body for lang, body in blocks if lang in PYTHON_FENCES] or [body for lang, body in blocks if not lang]
     return chosen[-1] if chosen else None
+
+
+def extract_program_release(response: str) -> str | None:
+    """The released reward's extraction (code_r1_compute.extract_code), as its regex matches: after the first
+    </think>, the last "```python" + newline that some later newline + "```" closes (the greedy `.*`), its body up
+    to the first such close (the lazy `.*?`). So ```py, ```Python, a bare ``` or "```python " (a trailing space) hold
+    no program, nor does a block before </think>. None also for an empty body, which the release scores as no
+    program (`if not solution_code`)."""
+    think_end = response.find(THINK_CLOSE)
+    if think_end < 0:
+        return None
+    last_close = response.rfind(RELEASE_FENCE_CLOSE)
+    body_start, at = -1, think_end + len(THINK_CLOSE)
+    while (at := response.find(RELEASE_FENCE_OPEN, at)) >= 0 and at + len(RELEASE_FENCE_OPEN) <= last_close:
+        at += len(RELEASE_FENCE_OPEN)  # an opening some close follows: the last one wins
+        body_start = at
+    if body_start < 0:
+        return None
+    return response[body_start:response.find(RELEASE_FENCE_CLOSE, body_start)] or None
+
+
+def program_of(response: str, config: VerifierConfig) -> str | None:
+    """The program a response holds under the config's code rules: lcb_runner's last fenced block (official,
+    runner), the released reward's regex (release), or the last ```python block after the end of thought (strict)."""
+    if config.lcb_rules:
+        return extract_program_lcb(response)
+    if config.code_rules == "release":
+        return extract_program_release(response)
+    return extract_program(response, config.think_end, config.require_think_end)
 
 
 def extract_program_lcb(response: str) -> str | None:
@@ -121,6 +154,12 @@ def _decimal_line(line: str) -> list[Decimal] | None:
         return [Decimal(token) for token in line.split()]
     except (InvalidOperation, ValueError):
         return None
+
+
+def compare_stdout_exact(actual: str, expected: str) -> bool:
+    """The released reward's comparison (code_r1_compute): the whole output equal to the expected one after strip(),
+    no line, token or number tolerance."""
+    return actual.strip() == expected.strip()
 
 
 def compare_stdout_lcb(actual: str, expected: str) -> bool:
@@ -208,13 +247,17 @@ def lcb_call_verdict(result: bytes, expected: str) -> Verdict:
 
 
 def verdict_of(run: RunResult, test: TestCase, rules: str = "strict") -> Verdict:
-    """Verdict of one run against its test, under the strict or lcb_runner's comparison (official, runner)."""
+    """Verdict of one run against its test, under the strict, lcb_runner's (official, runner) or the released
+    reward's comparison (release). A run that did not end cleanly with exit code 0 (`run.status` other than ok:
+    an exception, a timeout, a limit) fails its test under every rule."""
     if run.status != "ok":
         return run.status  # type: ignore[return-value]
     if test.testtype == "functional":
-        if rules in LCB_RULES:
+        if rules in VALUE_RULES:
             return lcb_call_verdict(run.result, test.output)
         ok = compare_functional(run.result, test.output)
+    elif rules == "release":
+        ok = compare_stdout_exact(run.stdout.decode("utf-8", "replace"), test.output)
     elif rules in LCB_RULES:
         ok = compare_stdout_lcb(run.stdout.decode("utf-8", "replace"), test.output)
     else:
@@ -376,11 +419,7 @@ class CodeVerifier:
 
     def verify_response(self, response: str, tests: list[TestCase], fn_name: str | None = None,
                         mode: Literal["all", "first-failure"] | None = None, problem_id: str = "") -> CodeResult:
-        if self.config.lcb_rules:
-            program = extract_program_lcb(response)
-        else:
-            program = extract_program(response, self.config.think_end, self.config.require_think_end)
-        return self.run_tests(program, tests, fn_name, mode, problem_id)
+        return self.run_tests(program_of(response, self.config), tests, fn_name, mode, problem_id)
 
     def verify_batch(self, jobs: list[dict]) -> list[CodeResult]:
         """Many responses at once: dicts with response, tests, fn_name?, problem_id?, mode?."""

@@ -14,6 +14,8 @@ __all__ = ["VerifierConfig"]
 
 # The code rules that extract, compare and offer packages as lcb_runner does (runner: also its execution artifacts).
 LCB_RULES = ("official", "runner")
+# The code rules whose call-based results travel as _zygote.encode_value values, compared with Python's `==` here.
+VALUE_RULES = (*LCB_RULES, "release")
 
 
 class VerifierConfig(StageConfig):
@@ -44,8 +46,14 @@ class VerifierConfig(StageConfig):
     # in a function, its mocked stdin (no iteration, readlines with an empty last line, buffer.readline the
     # first line), stdout captured without .buffer, os.read(0)/os.write(1) missing the test; call-based tests in
     # order in one process sharing one module and one Solution (state leaks between tests).
-    code_rules: Literal["strict", "official", "runner"] = "strict"
-    # LiveCodeBench's environment (its uv.lock) has these; those installed beside the verifier are offered.
+    # release: the released verl code reward (code_r1_compute.py; gppo reward.mode official sets it): the last
+    # ```python block after the first </think> by its exact regex, stdin programs run bare (no helper names, Python's
+    # own recursion and int-digit limits), call-based ones with the release's BASE_IMPORTS names (_zygote
+    # RELEASE_IMPORTS), a test passed when the exit code is 0 and stdout equals the expected output after strip(),
+    # `official_packages` importable (read-only).
+    code_rules: Literal["strict", "official", "runner", "release"] = "strict"
+    # LiveCodeBench's environment (its uv.lock) has these; those installed beside the verifier are offered (rules
+    # official and runner; release: the gppo reward's official_packages, the released image's).
     official_packages: list[str] = pydantic.Field(
         default_factory=lambda: ["numpy", "scipy", "pandas", "sympy", "networkx", "regex"])
     code_mode: Literal["all", "first-failure"] = "all"
@@ -65,6 +73,11 @@ class VerifierConfig(StageConfig):
     def lcb_rules(self) -> bool:
         """lcb_runner's extraction, comparison and packages (code_rules official or runner)."""
         return self.code_rules in LCB_RULES
+
+    @property
+    def offers_packages(self) -> bool:
+        """Whether programs may import `official_packages` (every rule set but strict's standard library)."""
+        return self.code_rules != "strict"
 
 
 def worker_verifier(verifier: VerifierConfig, index: int, workers: int, cores: int) -> VerifierConfig:

@@ -54,7 +54,7 @@ class RunResult:
     status: str  # ok, runtime_error, timeout, memory_limit, output_limit, sandbox_error
     stdout: bytes = b""
     stderr: bytes = b""
-    result: bytes = b""  # functional mode: the returned value (strict: JSON; official, runner: _zygote.encode_value)
+    result: bytes = b""  # functional mode: the returned value (strict: JSON; official, runner, release: _zygote.encode_value)
     wall_s: float = 0.0
     cpu_s: float = 0.0
     maxrss_kb: int = 0
@@ -292,10 +292,11 @@ class SandboxPool:
         self.workdir_root = workdir_root or tempfile.mkdtemp(prefix="klear-sandbox-")
         os.chmod(self.workdir_root, 0o711)  # slot uids may enter their own job folders, not list them
         stdlib, read_paths = _interpreter_paths()
-        # Official rules: LiveCodeBench's packages, read-only, through a per-slot folder of links.
+        # Official, runner and release rules: their environment's packages, read-only, through a per-slot folder of
+        # links.
         site_packages: list[tuple[str, str]] = []
         missing: list[str] = []
-        if self.config.lcb_rules and self.config.official_packages:
+        if self.config.offers_packages and self.config.official_packages:
             site_packages, missing = package_trees(self.config.official_packages)
             if missing:
                 log.warning("sandbox: official_packages not installed here, so not importable: %s", ", ".join(missing))
