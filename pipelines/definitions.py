@@ -22,10 +22,13 @@ and settings are unchanged; the `recompute` parameter forces them to run again.
 """
 
 import os
+from typing import NamedTuple
 
 from kfp import dsl
+from kfp.dsl import HTML, Model
 
 from klear.common.component import digest_inputs, slice_list
+from klear.common.config import document_overrides
 from klear.common.images import GPU_IMAGE
 from klear.common.kfp_io import (
     API_ENV,
@@ -41,14 +44,22 @@ from klear.common.kfp_io import (
 )
 from klear.common.lineage import TASK_ENV as TASK_POD_ENV
 from klear.common.tracking import TRACKING_SECRET, TRACKING_SECRET_KEYS
+from klear.curate.component import OVERRIDE_KEYS as CURATE_KEYS
 from klear.curate.component import curate
+from klear.evaluate.component import OVERRIDE_KEYS as EVALUATE_KEYS
 from klear.evaluate.component import evaluate, evaluation_prompts
+from klear.gppo.component import OVERRIDE_KEYS as GPPO_KEYS
 from klear.gppo.component import gppo
+from klear.judge.component import OVERRIDE_KEYS as JUDGE_KEYS
 from klear.judge.component import judge, judge_slice
 from klear.plan.component import plan_run, plan_stage
+from klear.rl_filter.component import OVERRIDE_KEYS as RL_FILTER_KEYS
 from klear.rl_filter.component import rl_filter
+from klear.sample.component import OVERRIDE_KEYS as SAMPLE_KEYS
 from klear.sample.component import sample, sample_slice
+from klear.sft.component import OVERRIDE_KEYS as SFT_KEYS
 from klear.sft.component import sft
+from klear.sft_data.component import OVERRIDE_KEYS as SFT_DATA_KEYS
 from klear.sft_data.component import sft_data
 from klear.training.component import launcher_resources
 
@@ -193,7 +204,7 @@ def _sample(what: str, prompts, preset, overrides, run_root, gpus, cpu, memory, 
     if after is not None:
         parts.after(after)
     # KFP 2.17 takes the loop's parallelism at compile time only: the number of slices bounds the pods at once.
-    with dsl.ParallelFor(parts.output) as part:
+    with dsl.ParallelFor(parts.output, name=f"sample-slices-{what}") as part:
         # The resources as inputs too: KFP 2.17 carries into a loop only the parameters its tasks take as inputs.
         piece = sample_slice(**arguments, part=part, gpus=gpus, cpu=cpu, memory=memory)
         piece.set_display_name(f"sample slice: {what}")
@@ -222,7 +233,7 @@ def _judge(what: str, samples, config_of: str, preset, overrides, run_root, cpu,
                      **({"benchmark_uris": benchmark_uris} if benchmark_uris is not None else {}))
     parts = slice_list(count=slices).set_display_name(f"slices of judge: {what}").set_caching_options(False)
     parts.set_cpu_request("100m").set_memory_request("128Mi")
-    with dsl.ParallelFor(parts.output) as part:
+    with dsl.ParallelFor(parts.output, name=f"judge-slices-{what}") as part:
         # The CPU as an input too: KFP 2.17 carries into a loop only the parameters its tasks take as inputs.
         piece = judge_slice(**arguments, part=part, cpu=cpu).set_display_name(f"judge slice: {what}")
         piece.set_retry(num_retries=3, backoff_duration="60s", backoff_factor=2).set_caching_options(True)
@@ -309,7 +320,31 @@ def _plan_first(pipeline: str, cluster, gpu_quota, preset, overrides, **sizes) -
 # --------------------------------------------------------------------------- the recipe
 
 
-@dsl.pipeline(name="klear-reasoner", description="Klear-Reasoner post-training recipe (arXiv 2508.07629)")
+# What the whole recipe hands over, in the run's outputs: the final (code RL) model and the evaluation report (the RL
+# model beside SFT and base on AIME and HMMT; with evaluate_code, the LiveCodeBench report is its own task's).
+class RecipeOutputs(NamedTuple):
+    model: Model
+    report: HTML
+
+
+def _listing_keys(**keys: str):
+    """Adds to each named override parameter's description the keys it can set, with theirs (from the stage's config
+    class through its component's OVERRIDE_KEYS): the run form shows what a `key=value` override may name."""
+
+    def add(func):
+        func.__doc__ = document_overrides(func.__doc__ or "", keys)
+        return func
+
+    return add
+
+
+@dsl.pipeline(name="klear-reasoner", display_name="Klear-Reasoner: the whole recipe",
+              description="Klear-Reasoner post-training recipe (arXiv 2508.07629)")
+@_listing_keys(curate_overrides=CURATE_KEYS, teacher_overrides=SAMPLE_KEYS, reference_overrides=SAMPLE_KEYS,
+                filter_math_overrides=SAMPLE_KEYS, filter_code_overrides=SAMPLE_KEYS, sft_data_overrides=SFT_DATA_KEYS,
+                sft_overrides=SFT_KEYS, rl_filter_math_overrides=RL_FILTER_KEYS, rl_filter_code_overrides=RL_FILTER_KEYS,
+                gppo_math_overrides=GPPO_KEYS, gppo_code_overrides=GPPO_KEYS, evaluate_overrides=EVALUATE_KEYS,
+                eval_sample_overrides=SAMPLE_KEYS)
 def klear_pipeline(
     sources_uri: str,
     source_files: list,
@@ -384,7 +419,7 @@ def klear_pipeline(
     plan_cluster: str = "h100-80gb-x8",
     plan_gpu_quota: int = 0,
     recompute: str = "",
-):
+) -> RecipeOutputs:
     """The whole recipe: curated prompts, teacher traces, SFT, filtered RL data, math then code RL, evaluation.
 
     Args:
@@ -581,19 +616,22 @@ def klear_pipeline(
                             evaluate_judge_slices, benchmarks)
 
     math_samples = eval_samples("math")  # judged once, read by both evaluations
-    _evaluate(math_samples, benchmark_uris, evaluate_preset, evaluate_overrides, run_root, benchmarks,
-              "evaluate: AIME / HMMT", cpu=judge_cpu)
-    with dsl.If(evaluate_code == True):  # noqa: E712 - a pipeline condition, compiled, not a Python comparison
+    math_evaluation = _evaluate(math_samples, benchmark_uris, evaluate_preset, evaluate_overrides, run_root,
+                                benchmarks, "evaluate: AIME / HMMT", cpu=judge_cpu)
+    with dsl.If(evaluate_code == True, name="evaluate-code"):  # noqa: E712 - a pipeline condition, compiled, not a Python comparison
         _evaluate(math_samples, benchmark_uris, evaluate_preset, evaluate_overrides, run_root, benchmarks,
                   "evaluate: AIME / HMMT / LiveCodeBench", code=eval_samples("code"), folder="evaluate-code",
                   cpu=judge_cpu)
     _after_all(first)
+    return RecipeOutputs(model=code_rl.outputs["model"], report=math_evaluation.outputs["report"])
 
 
 # --------------------------------------------------------------------------- single-stage reruns
 # Each takes its inputs as URIs (an earlier run's outputs: <run_root>/<run id>/<stage>) and writes a new run.
 
-@dsl.pipeline(name="klear-curate", description="Rerun curate alone on existing prompt sources")
+@dsl.pipeline(name="klear-curate", display_name="Curate prompts (rerun)",
+              description="Rerun curate alone on existing prompt sources")
+@_listing_keys(overrides=CURATE_KEYS)
 def curate_pipeline(sources_uri: str, source_files: list, run_root: str, benchmark_uris: list = [],
                     preset: str = "paper", overrides: list = [], plan_cluster: str = "h100-80gb-x8",
                     plan_gpu_quota: int = 0, recompute: str = "") -> dsl.Dataset:
@@ -619,7 +657,9 @@ def curate_pipeline(sources_uri: str, source_files: list, run_root: str, benchma
     return curated
 
 
-@dsl.pipeline(name="klear-sample", description="Rerun sampling alone: a model or an endpoint on existing prompts")
+@dsl.pipeline(name="klear-sample", display_name="Sample responses (rerun)",
+              description="Rerun sampling alone: a model or an endpoint on existing prompts")
+@_listing_keys(overrides=SAMPLE_KEYS)
 def sample_pipeline(prompts_uri: str, run_root: str, name: str = "teacher", model_uri: str = "", endpoint: str = "",
                     served_model: str = "", key_secret: str = ENDPOINT_SECRET, preset: str = "paper",
                     overrides: list = [], gpus: str = MODEL_8B_POD[0],
@@ -660,7 +700,9 @@ def sample_pipeline(prompts_uri: str, run_root: str, name: str = "teacher", mode
     return samples
 
 
-@dsl.pipeline(name="klear-judge", description="Rerun judging alone on existing samples")
+@dsl.pipeline(name="klear-judge", display_name="Judge samples (rerun)",
+              description="Rerun judging alone on existing samples")
+@_listing_keys(overrides=JUDGE_KEYS)
 def judge_pipeline(samples_uri: str, run_root: str, problems_uri: str = "", preset: str = "paper",
                    overrides: list = [], plan_cluster: str = "h100-80gb-x8",
                    plan_gpu_quota: int = 0, recompute: str = "") -> dsl.Dataset:
@@ -686,7 +728,9 @@ def judge_pipeline(samples_uri: str, run_root: str, problems_uri: str = "", pres
     return judged
 
 
-@dsl.pipeline(name="klear-sft-data", description="Rerun sft-data alone on existing teacher and reference samples")
+@dsl.pipeline(name="klear-sft-data", display_name="Build SFT data (rerun)",
+              description="Rerun sft-data alone on existing teacher and reference samples")
+@_listing_keys(overrides=SFT_DATA_KEYS)
 def sft_data_pipeline(teacher_samples_uri: str, reference_samples_uri: str, target_model_uri: str, run_root: str,
                       preset: str = "paper", overrides: list = [], plan_cluster: str = "h100-80gb-x8",
                       plan_gpu_quota: int = 0, recompute: str = "") -> dsl.Dataset:
@@ -717,7 +761,9 @@ def sft_data_pipeline(teacher_samples_uri: str, reference_samples_uri: str, targ
     return records
 
 
-@dsl.pipeline(name="klear-sft", description="Rerun SFT alone on an existing model and SFT data")
+@dsl.pipeline(name="klear-sft", display_name="Long-CoT SFT (rerun)",
+              description="Rerun SFT alone on an existing model and SFT data")
+@_listing_keys(overrides=SFT_KEYS)
 def sft_pipeline(base_model_uri: str, data_uri: str, run_root: str, preset: str = "paper", overrides: list = [],
                  gpus_per_node: str = GPUS, nodes: int = 1, cpu: str = SFT_CPU, memory: str = NODE_MEMORY,
                  gpu_node_selector: dict = {}, gpu_tolerations: list = [], plan_cluster: str = "h100-80gb-x8",
@@ -752,7 +798,9 @@ def sft_pipeline(base_model_uri: str, data_uri: str, run_root: str, preset: str 
     return model
 
 
-@dsl.pipeline(name="klear-rl-filter", description="Rerun RL data filtering alone on existing problems and samples")
+@dsl.pipeline(name="klear-rl-filter", display_name="Filter RL data (rerun)",
+              description="Rerun RL data filtering alone on existing problems and samples")
+@_listing_keys(overrides=RL_FILTER_KEYS)
 def rl_filter_pipeline(problems_uri: str, filter_samples_uri: str, run_root: str, task: str = "math",
                        benchmark_uris: list = [], preset: str = "paper", overrides: list = [],
                        plan_cluster: str = "h100-80gb-x8", plan_gpu_quota: int = 0, recompute: str = "") -> dsl.Dataset:
@@ -794,7 +842,9 @@ def _rl_rerun(rl_task, model_uri, data_uri, preset, overrides, run_root, gpus_pe
     return model
 
 
-@dsl.pipeline(name="klear-gppo-math", description="Rerun math RL alone on an existing model and math RL data")
+@dsl.pipeline(name="klear-gppo-math", display_name="Math RL with GPPO (rerun)",
+              description="Rerun math RL alone on an existing model and math RL data")
+@_listing_keys(overrides=GPPO_KEYS)
 def gppo_math_pipeline(model_uri: str, data_uri: str, run_root: str, preset: str = "math", overrides: list = [],
                        gpus_per_node: str = GPUS, nodes: int = 1, cpu: str = RL_CPU, memory: str = NODE_MEMORY,
                        gpu_node_selector: dict = {}, gpu_tolerations: list = [],
@@ -823,7 +873,9 @@ def gppo_math_pipeline(model_uri: str, data_uri: str, run_root: str, preset: str
                      (gpu_node_selector, gpu_tolerations), plan_cluster, plan_gpu_quota, recompute)
 
 
-@dsl.pipeline(name="klear-gppo-code", description="Rerun code RL alone on an existing model and code RL data")
+@dsl.pipeline(name="klear-gppo-code", display_name="Code RL with GPPO (rerun)",
+              description="Rerun code RL alone on an existing model and code RL data")
+@_listing_keys(overrides=GPPO_KEYS)
 def gppo_code_pipeline(model_uri: str, data_uri: str, run_root: str, preset: str = "code", overrides: list = [],
                        gpus_per_node: str = GPUS, nodes: int = 1, cpu: str = RL_CPU, memory: str = NODE_MEMORY,
                        gpu_node_selector: dict = {}, gpu_tolerations: list = [],
@@ -852,7 +904,9 @@ def gppo_code_pipeline(model_uri: str, data_uri: str, run_root: str, preset: str
                      (gpu_node_selector, gpu_tolerations), plan_cluster, plan_gpu_quota, recompute)
 
 
-@dsl.pipeline(name="klear-evaluate", description="Evaluate one model: sample the benchmarks, then score them")
+@dsl.pipeline(name="klear-evaluate", display_name="Evaluate a model",
+              description="Evaluate one model: sample the benchmarks, then score them")
+@_listing_keys(overrides=EVALUATE_KEYS, sample_overrides=SAMPLE_KEYS)
 def evaluate_pipeline(model_uri: str, run_root: str, benchmark_uris: list = [], preset: str = "paper",
                       overrides: list = [], sample_preset: str = "paper", sample_overrides: list = [],
                       gpus: str = MODEL_8B_POD[0], cpu: str = MODEL_8B_POD[1], memory: str = MODEL_8B_POD[2],
@@ -905,7 +959,9 @@ def evaluate_pipeline(model_uri: str, run_root: str, benchmark_uris: list = [], 
     return summary
 
 
-@dsl.pipeline(name="klear-evaluate-samples", description="Rescore saved samples (no sampling)")
+@dsl.pipeline(name="klear-evaluate-samples", display_name="Evaluate saved samples",
+              description="Rescore saved samples (no sampling)")
+@_listing_keys(overrides=EVALUATE_KEYS)
 def evaluate_samples_pipeline(samples_uri: str, run_root: str, benchmark_uris: list = [], preset: str = "paper",
                               overrides: list = [], label: str = "model", judge_slices: int = 1,
                               judge_cpu: str = JUDGE_CPU, plan_cluster: str = "h100-80gb-x8",

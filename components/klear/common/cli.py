@@ -12,15 +12,27 @@ import os
 from collections.abc import Callable
 
 
-def add_config_arguments(parser: argparse.ArgumentParser, default_preset: str, presets: str) -> None:
-    """The config options every stage shares: a preset name or YAML file, and key=value overrides. `presets`:
-    the names in the stage's presets folder (`", ".join(config.preset_names(cls))`), never a hand-kept list."""
+def add_config_arguments(parser: argparse.ArgumentParser, default_preset: str, config_class: type) -> None:
+    """The config options every stage shares: a preset name or YAML file, key=value overrides, and --help-keys,
+    which prints every key --set can name with its description. The presets are the names in the config class's
+    presets folder, never a hand-kept list."""
+    from klear.common.config import keys_text, preset_names
+
+    presets = ", ".join(preset_names(config_class))
     parser.add_argument(
         "--config", default=default_preset, help=f"preset name ({presets}) or YAML file (default: {default_preset})"
     )
     parser.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override one config key"
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+        help="override one config key (--help-keys lists them)"
     )
+
+    class HelpKeys(argparse.Action):
+        def __call__(self, parser: argparse.ArgumentParser, *args: object, **kwargs: object) -> None:
+            print(keys_text(config_class))
+            parser.exit()
+
+    parser.add_argument("--help-keys", action=HelpKeys, nargs=0, help="list the config keys --set can name, and exit")
 
 
 def add_training_stage(subparsers: argparse._SubParsersAction, name: str, help: str, description: str, model_help: str,
@@ -34,9 +46,7 @@ def add_training_stage(subparsers: argparse._SubParsersAction, name: str, help: 
     parser.add_argument("--output", required=True, metavar="URI", help="output location; checkpoints under <output>/checkpoints")
     parser.add_argument("--work-dir", default=None,
                         help=f"local scratch folder shared by the node's ranks (default: $TMPDIR/klear-{name}-<hash of --output>)")
-    from klear.common.config import preset_names
-
-    add_config_arguments(parser, default_preset, ", ".join(preset_names(config_class)))
+    add_config_arguments(parser, default_preset, config_class)
 
     def main(args: argparse.Namespace) -> int:
         from klear.common.config import load_config

@@ -325,6 +325,40 @@ def _section(annotation: Any) -> type[pydantic.BaseModel] | None:
     return None
 
 
+def config_keys(model: type[pydantic.BaseModel], prefix: str = "") -> list[tuple[str, str]]:
+    """Every key a `--set KEY=VALUE` override can name, sections flattened (`reward.budget_s`), with the field's
+    one-line description: what `--help-keys` prints and the pipelines' override parameters list, so neither drifts
+    from the config classes."""
+    keys: list[tuple[str, str]] = []
+    for name, field in model.model_fields.items():
+        section = _section(field.annotation)
+        if section is not None:
+            keys += config_keys(section, f"{prefix}{name}.")
+        else:
+            keys.append((f"{prefix}{name}", " ".join((field.description or "").split())))
+    return keys
+
+
+def keys_text(model: type[pydantic.BaseModel], separator: str = "\n") -> str:
+    """`config_keys` as text: "key: description", one per `separator`."""
+    return separator.join(f"{key}: {text}" if text else key for key, text in config_keys(model))
+
+
+def document_overrides(doc: str, keys: dict[str, str]) -> str:
+    """`doc` (a Google-style docstring) with "Keys: ..." added to the Args entry of each parameter named in `keys`:
+    what a pipeline's run form then shows under its override parameters. A parameter without an entry raises."""
+    lines = doc.split("\n")
+    for param, listing in keys.items():
+        entry = next((i for i, line in enumerate(lines) if line.startswith(f"        {param}: ")), None)
+        if entry is None:
+            raise ValueError(f"the docstring has no Args entry for {param!r}")
+        end = entry + 1
+        while end < len(lines) and lines[end].startswith(" " * 12):
+            end += 1
+        lines.insert(end, f"            Keys: {listing}")
+    return "\n".join(lines)
+
+
 def _field_section(model: type[pydantic.BaseModel] | None, key: str) -> type[pydantic.BaseModel] | None:
     field = model.model_fields.get(key) if model is not None else None
     return _section(field.annotation) if field is not None else None

@@ -71,9 +71,9 @@ class DataStage:
         """The config options (--config, --set) and the command's main: load the config, `call(args, config)`,
         print `headline(report)` as one JSON line."""
         from klear.common.cli import add_config_arguments
-        from klear.common.config import load_config, preset_names
+        from klear.common.config import load_config
 
-        add_config_arguments(parser, default_preset, ", ".join(preset_names(self.config_class)))
+        add_config_arguments(parser, default_preset, self.config_class)
 
         def main(args: argparse.Namespace) -> int:
             report = call(args, load_config(self.config_class, args.config, args.overrides))

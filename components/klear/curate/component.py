@@ -3,7 +3,12 @@
 from kfp import dsl
 from kfp.dsl import Dataset, Input, Markdown, Metrics, Output
 
+from klear.common.config import keys_text
 from klear.common.images import CPU_IMAGE
+from klear.curate.config import CurateConfig
+
+# The keys `overrides` can set, "key: description; ...": the pipelines list them under their override parameters.
+OVERRIDE_KEYS = keys_text(CurateConfig, "; ")
 
 
 @dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
@@ -22,6 +27,15 @@ def curate(
     """Exact dedup and n-gram decontamination of the prompt sources in `source_data`.
 
     Args:
+        source_data: the folder holding the prompt sources (imported by the pipeline).
+        source_files: the source files under `source_data`, each "FILE" or "FILE#field=value&..." (see klear curate).
+        benchmark_uris: test sets to decontaminate against (JSONL/Parquet URIs); [] = the shipped AIME and HMMT sets.
+        preset: curate config preset (paper, tiny) or a YAML file path.
+        overrides: curate config overrides, "key=value" strings (`klear curate --help-keys` lists the keys).
+        run_root: where stage outputs go, `<run_root>/<run id>/curate`.
+        curated: the published output: the kept prompts, report.json, report.md.
+        summary: report.md, shown in the KFP UI.
+        metrics: prompts read, kept and removed, and the count per removal reason.
         input_digest: the content digest of the inputs read by URI (the digest_inputs step): part of KFP's
             cache key, so a cached result is served only for the same content; recorded in the output's metadata.
     """

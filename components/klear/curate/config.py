@@ -14,7 +14,7 @@ class CurateConfig(StageConfig):
     prompt_field: str = pydantic.Field("prompt", description="default prompt field of sources (per source: #prompt=...)")
     id_field: str = pydantic.Field("id", description="default id field; rows without one get <source>:<row>")
     benchmark_field: str = pydantic.Field("problem", description="text field of benchmark items")
-    benchmark_id_field: str = "id"
+    benchmark_id_field: str = pydantic.Field("id", description="id field of benchmark items")
     drop_short_matches: bool = pydantic.Field(
         True, description="drop prompts shorter than n words whose text occurs inside a benchmark item"
     )

@@ -11,7 +11,12 @@ from typing import NamedTuple
 from kfp import dsl
 from kfp.dsl import HTML, Dataset, Input, Markdown, Metrics, Output
 
+from klear.common.config import keys_text
 from klear.common.images import CPU_IMAGE
+from klear.evaluate.config import EvaluateConfig
+
+# The keys `overrides` can set, "key: description; ...": the pipelines list them under their override parameters.
+OVERRIDE_KEYS = keys_text(EvaluateConfig, "; ")
 
 
 @dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)

@@ -56,10 +56,10 @@ class OfficialExtras(StageConfig):
     """The released inference script's extra sampling settings (benchmarks/inference.py; not in the paper's text):
     applied when enabled. Its 65,536 new tokens and 81,920 positions come with YaRN: the paper-64k preset's."""
 
-    enabled: bool = False
-    top_k: int = pydantic.Field(20, ge=0)
-    repetition_penalty: float = pydantic.Field(1.05, gt=0)
-    seed: int = pydantic.Field(0, ge=0)
+    enabled: bool = pydantic.Field(False, description="apply the released inference script's sampling extras")
+    top_k: int = pydantic.Field(20, ge=0, description="top_k of the released script")
+    repetition_penalty: float = pydantic.Field(1.05, gt=0, description="repetition_penalty of the released script")
+    seed: int = pydantic.Field(0, ge=0, description="seed of the released script")
     # 0 keeps sampling.max_model_len: a length past the model's positions needs the rope scaling that goes with it
     # (sampling.engine_kwargs.hf_overrides), which this switch does not add.
     max_model_len: int = pydantic.Field(0, ge=0, description="0 = keep sampling.max_model_len")
@@ -85,9 +85,11 @@ class EvaluateConfig(StageConfig):
     sampling: SampleConfig = SampleConfig()
     official_extras: OfficialExtras = OfficialExtras()
     # Saved samples whose recorded sampling settings differ from the protocol: refuse (error) or report (warn).
-    settings_check: Literal["error", "warn"] = "error"
+    settings_check: Literal["error", "warn"] = pydantic.Field(
+        "error", description="saved samples whose sampling settings differ from the protocol: refused (error) or "
+        "reported (warn)")
     judge: JudgeConfig = JudgeConfig()
-    plot_dpi: int = pydantic.Field(100, ge=50, le=300)
+    plot_dpi: int = pydantic.Field(100, ge=50, le=300, description="resolution of the report's plots")
     max_listed: int = pydantic.Field(20, ge=1, description="problem ids quoted in an error or note")
 
     @pydantic.field_validator("math_template", mode="before")

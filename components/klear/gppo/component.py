@@ -7,7 +7,12 @@ The pipeline names each use in the run's graph ("math RL: GPPO ...", "code RL: G
 from kfp import dsl
 from kfp.dsl import HTML, Dataset, Input, Markdown, Metrics, Model, Output
 
+from klear.common.config import keys_text
 from klear.common.images import GPU_IMAGE
+from klear.gppo.config import GppoConfig
+
+# The keys `overrides` can set, "key: description; ...": the pipelines list them under their override parameters.
+OVERRIDE_KEYS = keys_text(GppoConfig, "; ")
 
 
 @dsl.component(base_image=GPU_IMAGE, install_kfp_package=False)
@@ -26,11 +31,27 @@ def gppo(
     curves: Output[HTML],
     input_digest: str = "",
 ):
-    """RL of `policy` on `data` with GPPO; checkpoints to object storage. `task` ("math" or "code") names the
-    step (its output goes to `<run_root>/<run id>/gppo-<task>`) and must match the preset's task.
-    `gpus_per_node` is a whole number as a string: the pipeline parameter that also sets the pod's GPU limit.
-    `input_digest`: the content digest of the inputs read by URI and of the config files (the digest step): only
-    part of KFP's cache key, so a new run with the same inputs and settings reuses the trained model."""
+    """RL of `policy` on `data` with GPPO; checkpoints to object storage.
+
+    Args:
+        policy: the model to train (the SFT output, or the math RL model for code RL).
+        data: the RL problems (rl-filter's output, or JSONL/Parquet with `answer` or `tests`).
+        task: "math" or "code": names the step (its output goes to `<run_root>/<run id>/gppo-<task>`) and must
+            match the preset's task.
+        preset: gppo config preset (math, code, release-math, release-code, tiny-math, ...) or a YAML file path.
+        overrides: gppo config overrides, "key=value" strings (`klear gppo --help-keys` lists the keys).
+        gpus_per_node: GPUs per node, a whole number as a string: the pipeline parameter that also sets the pod's
+            GPU limit; "0" trains on CPU.
+        nodes: nodes of the training job (1 = in this pod; more = a Kubeflow Trainer job this pod launches).
+        run_root: where stage outputs go; checkpoints under the output.
+        model: the published model: weights, tokenizer, report.json, report.md, logs/ (rollouts.jsonl among them).
+        summary: report.md, shown in the KFP UI.
+        metrics: prompts read, kept and skipped (per reason), steps, and the final training figures (reward,
+            accuracy, reward timeouts).
+        curves: the training and validation curves (HTML).
+        input_digest: the content digest of the inputs read by URI and of the config files (the digest step): only
+            part of KFP's cache key, so a new run with the same inputs and settings reuses the trained model.
+    """
     from klear.common import kfp_io, tracking
     from klear.gppo.stage import STAGE
     from klear.training.launch import run_training_component

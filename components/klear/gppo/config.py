@@ -27,9 +27,13 @@ class RewardConfig(pydantic.BaseModel):
     format_penalty: float = pydantic.Field(-1.0, le=0, description="reward of a response whose reasoning is not in <think>...</think>")
     # Official code: -0.5 when </think> is missing, else -2.0 when <think> is missing (the release's order: a response
     # with neither tag gets -0.5), instead of format_penalty.
-    official_format_penalties: bool = False
+    official_format_penalties: bool = pydantic.Field(
+        False, description="paper rules with the release's penalties: -0.5 without </think>, else -2 without "
+        "<think>")
     # Paper: code reward = fraction of tests passed, in [0, 1]. Official code: mean of +1/-1 per test, in [-1, 1].
-    code_reward: Literal["pass_fraction", "plus_minus"] = "pass_fraction"
+    code_reward: Literal["pass_fraction", "plus_minus"] = pydantic.Field(
+        "pass_fraction", description="paper code reward: pass_fraction (tests passed, [0, 1]) or plus_minus (mean "
+        "of ±1 per test)")
     # official: the released verl reward code wholesale (verl/utils/reward_score/math_dapo.py, code_r1_compute.py,
     # reward_config.py). A response without </think> scores -0.5, else one without <think> -2 (checked in that
     # order, nothing else about the tags); math +1 right / -1 wrong on the text after the last </think>, so a
@@ -59,7 +63,8 @@ class RewardConfig(pydantic.BaseModel):
     # rollouts differ only in format penalties and trains them on the format signal alone.
     filter_on: Literal["accuracy", "reward"] = pydantic.Field("accuracy", description="accuracy (release) or reward")
     # The prompt already ends in "<think>\n" (a template that opens the think block itself).
-    think_start_in_prompt: bool = False
+    think_start_in_prompt: bool = pydantic.Field(
+        False, description="the prompt already ends in <think> (a template that opens the think block)")
 
     # Worker processes with hard wall-clock budgets: a stuck reward is killed, scored `timeout_reward`, counted.
     workers: int = pydantic.Field(0, ge=0, description="reward processes; 0 = one per core of the CPU limit")
@@ -80,9 +85,11 @@ class GppoConfig(StageConfig, TrackingSettings):
     task: Literal["math", "code"] = pydantic.Field("math", description="which verifier scores the rollouts")
 
     # --- policy loss (paper §3: GPPO, ε_l = 0.2, ε_h = 0.28, token-level mean, no KL) ---
-    loss: LossKind = "gppo"
-    eps_low: float = pydantic.Field(0.2, gt=0, lt=1)
-    eps_high: float = pydantic.Field(0.28, gt=0)
+    loss: LossKind = pydantic.Field(
+        "gppo", description="policy loss: gppo (paper), clip_higher (DAPO), ppo_clip, cispo")
+    eps_low: float = pydantic.Field(
+        0.2, gt=0, lt=1, description="ε_l: lower clip bound 1 − ε_l of the importance ratio")
+    eps_high: float = pydantic.Field(0.28, gt=0, description="ε_h: upper clip bound 1 + ε_h (clip-higher, GPPO)")
     beta1: float = pydantic.Field(1.0, ge=0, description="GPPO Eq. 17: scales the gradient of δ < 1−ε_l, Ã < 0 tokens")
     beta2: float = pydantic.Field(1.0, ge=0, description="GPPO Eq. 17: scales the gradient of δ > 1+ε_h, Ã > 0 tokens")
     dual_clip: float | None = pydantic.Field(
@@ -102,33 +109,37 @@ class GppoConfig(StageConfig, TrackingSettings):
     oversample: float = pydantic.Field(1.0, ge=1.0, description="extra prompts drawn per round to refill filtered groups; "
                                        "the official runs generate for more prompts than they train on")
     max_refill_rounds: int = pydantic.Field(2, ge=0, description="extra generation rounds when the batch is still short")
-    temperature: float = pydantic.Field(1.0, gt=0)
-    top_p: float = pydantic.Field(1.0, gt=0, le=1)
-    max_prompt_length: int = pydantic.Field(2048, ge=8)
+    temperature: float = pydantic.Field(1.0, gt=0, description="rollout sampling temperature")
+    top_p: float = pydantic.Field(1.0, gt=0, le=1, description="rollout nucleus sampling")
+    max_prompt_length: int = pydantic.Field(
+        2048, ge=8, description="prompt tokens at most (prompt_truncation says what happens past it)")
     prompt_truncation: Literal["skip", "left"] = pydantic.Field(
         "skip", description="a prompt over max_prompt_length: skipped (counted), or cut from the left (release)")
-    max_completion_length: int = pydantic.Field(32768, ge=1)
+    max_completion_length: int = pydantic.Field(32768, ge=1, description="new tokens per rollout at most")
 
     # --- optimisation ---
     learning_rate: float = pydantic.Field(1e-6, gt=0, description="constant: 1e-6 math, 5e-7 code")
     max_steps: int = pydantic.Field(-1, description="optimizer steps; -1 = num_epochs over the data")
-    num_epochs: float = pydantic.Field(1.0, gt=0)
-    weight_decay: float = pydantic.Field(0.0, ge=0)
+    num_epochs: float = pydantic.Field(
+        1.0, gt=0, description="passes over the data when max_steps is -1, in schedule_unit's units")
+    weight_decay: float = pydantic.Field(0.0, ge=0, description="AdamW weight decay")
     warmup_steps: int = pydantic.Field(0, ge=0, description="linear warm-up to learning_rate, then constant; counted "
                                        "in schedule_unit")
     schedule_unit: ScheduleUnit = pydantic.Field(
         "step", description="what warmup_steps and num_epochs count: step = optimizer steps and passes of TRL's sampler "
         "(paper presets); round = the release's verl: warm-up in generation rounds (the rate held within a round, "
         "round 0 at 0) and epochs of prompts / (prompts_per_step x oversample) rounds (klear/gppo/schedule.py)")
-    max_grad_norm: float = pydantic.Field(1.0, gt=0)
-    seed: int = 42
+    max_grad_norm: float = pydantic.Field(1.0, gt=0, description="gradient clipping norm")
+    seed: int = pydantic.Field(42, description="seed of sampling, data order and refills")
 
     # --- engines ---
     use_vllm: bool = pydantic.Field(True, description="vLLM rollouts (GPU); off = transformers generate (CPU)")
-    vllm_mode: Literal["colocate", "server"] = "colocate"
-    vllm_server_host: str = "0.0.0.0"
-    vllm_server_port: int = pydantic.Field(8000, ge=1, le=65535)
-    vllm_gpu_memory_utilization: float = pydantic.Field(0.4, gt=0, le=1)
+    vllm_mode: Literal["colocate", "server"] = pydantic.Field(
+        "colocate", description="colocate: vLLM in the training processes; server: a separate `trl vllm-serve`")
+    vllm_server_host: str = pydantic.Field("0.0.0.0", description="server mode: the vLLM server's host")
+    vllm_server_port: int = pydantic.Field(8000, ge=1, le=65535, description="server mode: the vLLM server's port")
+    vllm_gpu_memory_utilization: float = pydantic.Field(
+        0.4, gt=0, le=1, description="colocate: the GPU memory share vLLM takes for weights and KV cache")
     vllm_tensor_parallel_size: int = pydantic.Field(1, ge=1, le=4096,
                                                     description="colocate: GPUs per vLLM engine (divides the processes)")
     vllm_enable_sleep_mode: bool = pydantic.Field(
@@ -139,19 +150,21 @@ class GppoConfig(StageConfig, TrackingSettings):
         "differs from the policy's by more than this (0 = no check)")
     vllm_is_correction: bool = pydantic.Field(True, description="truncated importance sampling: trainer vs vLLM log-probs")
     vllm_is_cap: float = pydantic.Field(3.0, ge=1, description="cap of the importance weight π_train / π_vllm")
-    bf16: bool = True
-    gradient_checkpointing: bool = True
-    attn_implementation: Literal["auto", "flash_attention_2", "sdpa", "eager"] = "auto"
+    bf16: bool = pydantic.Field(True, description="bf16 training (GPU)")
+    gradient_checkpointing: bool = pydantic.Field(True, description="recompute activations in the backward pass")
+    attn_implementation: Literal["auto", "flash_attention_2", "sdpa", "eager"] = pydantic.Field(
+        "auto", description="attention kernel; auto: flash_attention_2 where installed, else sdpa")
     deepspeed: str = pydantic.Field("", description="'zero3' (shipped), a JSON path, or '' for none")
-    chat_template: Literal["model", "qwen3"] = "model"
+    chat_template: Literal["model", "qwen3"] = pydantic.Field(
+        "model", description="model: the tokenizer's own; qwen3: Qwen3's")
 
     # --- checkpoints and logs ---
-    save_steps: int = pydantic.Field(50, ge=1)
+    save_steps: int = pydantic.Field(50, ge=1, description="checkpoint every N optimizer steps")
     save_minutes: float = pydantic.Field(30.0, ge=0, description="also checkpoint once this many minutes have passed "
                                          "since the last checkpoint (0: by save_steps only)")
-    keep_checkpoints: int = pydantic.Field(2, ge=1)
-    resume: bool = True
-    logging_steps: int = pydantic.Field(1, ge=1)
+    keep_checkpoints: int = pydantic.Field(2, ge=1, description="checkpoints kept on object storage")
+    resume: bool = pydantic.Field(True, description="resume from the output's latest checkpoint")
+    logging_steps: int = pydantic.Field(1, ge=1, description="log every N optimizer steps")
     rollout_log: int = pydantic.Field(
         8, ge=0, description="rollouts of each generation round written to logs/rollouts.jsonl with the reward and "
         "reason they got (`klear reward --rollouts` rescores them); 0 = none")

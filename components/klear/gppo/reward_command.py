@@ -27,7 +27,6 @@ ROLLOUT_LOG = "logs/rollouts.jsonl"  # where a gppo output holds the rollouts it
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     from klear.common.cli import add_config_arguments
-    from klear.common.config import preset_names
     from klear.gppo.config import GppoConfig
 
     p = subparsers.add_parser("reward", help="score rollouts under a GPPO reward configuration, with the reason",
@@ -44,7 +43,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    "{\"tests\": [...], \"fn_name\": ...}, as `klear verify-code` takes")
     p.add_argument("--fn-name", help="code: method of class Solution, for functional tests")
     p.add_argument("--problem-id", default="", help="code: seeds the tests drawn when there are more than the limit")
-    add_config_arguments(p, "math", ", ".join(preset_names(GppoConfig)))
+    add_config_arguments(p, "math", GppoConfig)
     p.set_defaults(func=run)
 
 

@@ -3,7 +3,12 @@
 from kfp import dsl
 from kfp.dsl import Dataset, Input, Markdown, Metrics, Output
 
+from klear.common.config import keys_text
 from klear.common.images import CPU_IMAGE
+from klear.rl_filter.config import RlFilterConfig
+
+# The keys `overrides` can set, "key: description; ...": the pipelines list them under their override parameters.
+OVERRIDE_KEYS = keys_text(RlFilterConfig, "; ")
 
 
 @dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)

@@ -4,7 +4,12 @@
 from kfp import dsl
 from kfp.dsl import Dataset, Input, Markdown, Metrics, Model, Output
 
+from klear.common.config import keys_text
 from klear.common.images import GPU_IMAGE
+from klear.sample.config import SampleConfig
+
+# The keys `overrides` can set, "key: description; ...": the pipelines list them under their override parameters.
+OVERRIDE_KEYS = keys_text(SampleConfig, "; ")
 
 
 @dsl.component(base_image=GPU_IMAGE, install_kfp_package=False)

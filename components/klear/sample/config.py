@@ -30,7 +30,7 @@ class SampleConfig(StageConfig):
     max_prompts: int = pydantic.Field(0, ge=0, le=INT32_MAX, description="sample only the first N prompts in source "
                                       "order (0 = all): difficulty estimates on a subset, smoke tests")
     temperature: float = pydantic.Field(0.6, ge=0.0, description="0 = greedy")
-    top_p: float = pydantic.Field(0.95, gt=0.0, le=1.0)
+    top_p: float = pydantic.Field(0.95, gt=0.0, le=1.0, description="nucleus sampling; 1 = off")
     top_k: int = pydantic.Field(0, ge=0, le=INT32_MAX, description="0 = off")
     repetition_penalty: float = pydantic.Field(1.0, gt=0.0, description="1 = off")
     max_tokens: int = pydantic.Field(32768, ge=1, le=INT32_MAX, description="max new tokens per sample")
@@ -44,7 +44,8 @@ class SampleConfig(StageConfig):
     concurrency: int = pydantic.Field(64, ge=1, le=MAX_SAMPLES, description="requests in flight")
     request_timeout_s: float = pydantic.Field(3600.0, gt=0.0, le=MAX_SECONDS,
                                              description="wall-clock limit of one request")
-    connect_timeout_s: float = pydantic.Field(10.0, gt=0.0, le=MAX_SECONDS)
+    connect_timeout_s: float = pydantic.Field(
+        10.0, gt=0.0, le=MAX_SECONDS, description="endpoint: limit of opening one connection")
     max_attempts: int = pydantic.Field(8, ge=1, le=1000,
                                       description="attempts per unit before it is recorded as failed")
     backoff_initial_s: float = pydantic.Field(1.0, ge=0.0, le=MAX_SECONDS,
@@ -71,7 +72,8 @@ class SampleConfig(StageConfig):
         "tensor_parallel_size 1); 0 = as many as the pod's GPUs hold")
     tensor_parallel_size: int = pydantic.Field(0, ge=0, le=4096,
                                                description="GPUs per vLLM engine; 0 = the pod's GPUs divided among the engines")
-    gpu_memory_utilization: float = pydantic.Field(0.9, gt=0.0, le=1.0)
+    gpu_memory_utilization: float = pydantic.Field(
+        0.9, gt=0.0, le=1.0, description="vLLM: the GPU memory share each engine takes")
     max_model_len: int = pydantic.Field(0, ge=0, le=INT32_MAX, description="0 = the model's own")
     engine_kwargs: dict[str, Any] = pydantic.Field(
         default_factory=dict, description="more vLLM engine arguments (AsyncEngineArgs), e.g. hf_overrides for YaRN")

@@ -25,10 +25,10 @@ class SftConfig(StageConfig, TrackingSettings):
     dataset_num_proc: int = pydantic.Field(1, ge=1, description="processes tokenizing the data")
 
     # Schedule (paper: peak 8e-5, cosine decay to a floor of 4e-5, 4 epochs)
-    learning_rate: float = pydantic.Field(8e-5, gt=0)
+    learning_rate: float = pydantic.Field(8e-5, gt=0, description="peak learning rate (paper: 8e-5)")
     min_learning_rate: float = pydantic.Field(4e-5, ge=0, description="floor of the cosine decay")
-    warmup_ratio: float = pydantic.Field(0.0, ge=0, lt=1)
-    num_epochs: float = pydantic.Field(4, gt=0)
+    warmup_ratio: float = pydantic.Field(0.0, ge=0, lt=1, description="share of the optimizer steps spent warming up")
+    num_epochs: float = pydantic.Field(4, gt=0, description="passes over the data")
     per_device_batch_size: int = pydantic.Field(1, ge=1, description="packed rows per device per micro-step")
     gradient_accumulation_steps: int = pydantic.Field(
         1, ge=1, description="micro-steps per optimizer step when global_batch_size is 0")
@@ -38,13 +38,13 @@ class SftConfig(StageConfig, TrackingSettings):
     max_position_embeddings: int = pydantic.Field(
         0, ge=0, description="the trained model's declared context (config.json), what vLLM engines derive their "
         "length from; 0 keeps the base model's")
-    weight_decay: float = pydantic.Field(0.0, ge=0)
-    max_grad_norm: float = pydantic.Field(1.0, gt=0)
-    seed: int = 42
+    weight_decay: float = pydantic.Field(0.0, ge=0, description="AdamW weight decay")
+    max_grad_norm: float = pydantic.Field(1.0, gt=0, description="gradient clipping norm")
+    seed: int = pydantic.Field(42, description="seed of initialisation and data order")
 
     # Numerics and kernels
-    bf16: bool = True
-    gradient_checkpointing: bool = True
+    bf16: bool = pydantic.Field(True, description="bf16 training (GPU)")
+    gradient_checkpointing: bool = pydantic.Field(True, description="recompute activations in the backward pass")
     attn_implementation: Literal["auto", "flash_attention_2", "flex_attention", "sdpa", "eager"] = pydantic.Field(
         "auto", description="'auto': flash_attention_2 when flash-attn is installed, else flex_attention for packed "
         "rows on a GPU (a block mask, no L x L one), else sdpa")
@@ -60,7 +60,7 @@ class SftConfig(StageConfig, TrackingSettings):
     resume: bool = pydantic.Field(True, description="resume from the newest complete checkpoint under <output>/checkpoints")
 
     # Logging
-    logging_steps: int = pydantic.Field(10, ge=1)
+    logging_steps: int = pydantic.Field(10, ge=1, description="log every N optimizer steps")
 
     @pydantic.model_validator(mode="after")
     def _floor_below_peak(self) -> SftConfig:

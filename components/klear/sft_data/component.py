@@ -4,7 +4,12 @@
 from kfp import dsl
 from kfp.dsl import Dataset, Input, Markdown, Metrics, Model, Output
 
+from klear.common.config import keys_text
 from klear.common.images import CPU_IMAGE
+from klear.sft_data.config import SftDataConfig
+
+# The keys `overrides` can set, "key: description; ...": the pipelines list them under their override parameters.
+OVERRIDE_KEYS = keys_text(SftDataConfig, "; ")
 
 
 @dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)

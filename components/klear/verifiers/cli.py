@@ -28,12 +28,9 @@ def _positive_seconds(text: str) -> float:
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     from klear.common.cli import add_config_arguments
-    from klear.common.config import preset_names
-
-    presets = ", ".join(preset_names(VerifierConfig))
     p = subparsers.add_parser("verify-math", help="judge math answers: JSONL {response, gold} -> JSONL verdicts")
     p.add_argument("--input", required=True, help="JSONL file, one {\"response\": ..., \"gold\": ...} a line")
-    add_config_arguments(p, "paper", presets)
+    add_config_arguments(p, "paper", VerifierConfig)
     p.set_defaults(func=run_math)
 
     p = subparsers.add_parser("verify-code", help="run a program against tests in the sandbox")
@@ -44,7 +41,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--mode", choices=("all", "first-failure"), help="default: the config's code_mode")
     p.add_argument("--timeout", type=_positive_seconds, help="seconds per test (default: the config's timeout_s)")
     p.add_argument("--problem-id", default="", help="seeds the test subset when there are more than max_tests")
-    add_config_arguments(p, "paper", presets)
+    add_config_arguments(p, "paper", VerifierConfig)
     p.set_defaults(func=run_code)
 
 

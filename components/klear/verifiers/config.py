@@ -25,16 +25,24 @@ class VerifierConfig(StageConfig):
     # strict: the last \boxed{} after `think_end`, truncated responses wrong (the harness's own rule).
     # official: as the released benchmarks/judge_math.py: math-verify over the whole response (thought included),
     # its last \boxed{} anywhere, else its last number; the finish reason ignored. The settings below are strict's.
-    math_mode: Literal["strict", "official"] = "strict"
-    think_end: str = THINK_CLOSE  # judge only what follows the last one; "" judges the whole response
-    require_think_end: bool = True  # without it (cut at max tokens) the response is wrong
-    require_box: bool = True  # no \boxed{} -> wrong (else fall back to math-verify's last number)
+    math_mode: Literal["strict", "official"] = pydantic.Field(
+        "strict", description="strict: the last \\boxed{} after think_end, truncated responses wrong; official: "
+        "as the released judge_math.py (math-verify over the whole response)")
+    think_end: str = pydantic.Field(
+        THINK_CLOSE, description="judge only what follows its last occurrence; '' judges the whole response")
+    require_think_end: bool = pydantic.Field(
+        True, description="a response without think_end (cut at max tokens) is wrong")
+    require_box: bool = pydantic.Field(True, description="no \\boxed{} is wrong (off: math-verify's last number)")
     # Off (paper, official code): the last box is the answer, whatever boxes came before it ("first \boxed{205},
     # finally \boxed{204}" is judged on 204). On: boxes with different contents are a hedge, judged wrong.
-    reject_conflicting_boxes: bool = False
-    math_workers: int = pydantic.Field(0, ge=0)  # 0 = one per core of the container's CPU limit
-    math_timeout_s: int = pydantic.Field(3, ge=1)  # math-verify's own SIGALRM timeouts, whole seconds
-    math_item_timeout_s: float = pydantic.Field(10.0, gt=0)  # outer wall-clock kill of a worker
+    reject_conflicting_boxes: bool = pydantic.Field(
+        False, description="boxes with different contents are a hedge, judged wrong (off: the last box counts)")
+    math_workers: int = pydantic.Field(
+        0, ge=0, description="math judging processes; 0 = one per core of the CPU limit")
+    math_timeout_s: int = pydantic.Field(
+        3, ge=1, description="math-verify's own parse and verify timeouts, whole seconds")
+    math_item_timeout_s: float = pydantic.Field(
+        10.0, gt=0, description="wall-clock limit of one math judgement: its worker is killed past it")
 
     # --- code ---
     # The code counterpart of math_mode. strict: the last ```python block after `think_end`, truncated responses
@@ -51,23 +59,33 @@ class VerifierConfig(StageConfig):
     # own recursion and int-digit limits), call-based ones with the release's BASE_IMPORTS names (_zygote
     # RELEASE_IMPORTS), a test passed when the exit code is 0 and stdout equals the expected output after strip(),
     # `official_packages` importable (read-only).
-    code_rules: Literal["strict", "official", "runner", "release"] = "strict"
+    code_rules: Literal["strict", "official", "runner", "release"] = pydantic.Field(
+        "strict", description="strict (last ```python block, token comparison, standard library), official (as "
+        "lcb_runner), runner (lcb_runner's own artifacts), release (the released RL code reward)")
     # LiveCodeBench's environment (its uv.lock) has these; those installed beside the verifier are offered (rules
     # official and runner; release: the gppo reward's official_packages, the released image's).
     official_packages: list[str] = pydantic.Field(
-        default_factory=lambda: ["numpy", "scipy", "pandas", "sympy", "networkx", "regex"])
-    code_mode: Literal["all", "first-failure"] = "all"
-    max_tests: int | None = pydantic.Field(None, ge=1)  # larger test sets: a subset seeded by problem id
-    timeout_s: float = pydantic.Field(6.0, gt=0)  # per test, wall clock
-    memory_mb: int = pydantic.Field(2048, ge=64)  # RLIMIT_AS of a program
-    output_limit_bytes: int = pydantic.Field(32 << 20, ge=1024)
-    file_limit_bytes: int = pydantic.Field(16 << 20, ge=0)  # RLIMIT_FSIZE: largest file a program may write
-    nproc: int = pydantic.Field(32, ge=1)  # threads per program (processes are refused by seccomp)
-    nofile: int = pydantic.Field(64, ge=8)
-    code_workers: int = pydantic.Field(0, ge=0)  # 0 = one per core of the container's CPU limit
-    slot_uid_base: int | None = pydantic.Field(61000, ge=1000)  # when root: slot i runs as uid base + i
+        default_factory=lambda: ["numpy", "scipy", "pandas", "sympy", "networkx", "regex"], description="packages "
+        "programs may import (read-only) under the official, runner and release rules, those installed")
+    code_mode: Literal["all", "first-failure"] = pydantic.Field(
+        "all", description="all: run every test; first-failure: stop at the first failing test (LiveCodeBench)")
+    max_tests: int | None = pydantic.Field(
+        None, ge=1, description="tests per problem at most: a subset seeded by problem id; null = all")
+    timeout_s: float = pydantic.Field(6.0, gt=0, description="wall-clock limit per test")
+    memory_mb: int = pydantic.Field(2048, ge=64, description="address-space limit of a program (RLIMIT_AS)")
+    output_limit_bytes: int = pydantic.Field(
+        32 << 20, ge=1024, description="output a program may write before the test fails")
+    file_limit_bytes: int = pydantic.Field(
+        16 << 20, ge=0, description="largest file a program may write (RLIMIT_FSIZE)")
+    nproc: int = pydantic.Field(32, ge=1, description="threads per program (processes are refused)")
+    nofile: int = pydantic.Field(64, ge=8, description="open files per program")
+    code_workers: int = pydantic.Field(0, ge=0, description="programs run at once; 0 = one per core of the CPU limit")
+    slot_uid_base: int | None = pydantic.Field(
+        61000, ge=1000, description="when root: sandbox slot i runs as uid base + i; null = the caller's uid")
     # Development machines only: run with whatever of Landlock/seccomp the kernel offers, loudly logged.
-    allow_unconfined: bool = False
+    allow_unconfined: bool = pydantic.Field(
+        False, description="development machines only: run with whatever of Landlock and seccomp the kernel "
+        "offers")
 
     @property
     def lcb_rules(self) -> bool:
