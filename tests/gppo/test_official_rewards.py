@@ -18,13 +18,12 @@ from klear.gppo.batching import varied_groups
 from klear.gppo.config import RewardConfig
 from klear.gppo.rewards import (
     RewardPool,
-    exact_output_match,
     math_outcome,
-    official_math_verdict,
+    official_math_judgement,
     official_verifier,
     score_rollout,
 )
-from klear.verifiers.code_verifier import extract_program_release, process_verifier, select_tests
+from klear.verifiers.code_verifier import compare_stdout_exact, extract_program_release, process_verifier, select_tests
 from klear.verifiers.config import VerifierConfig
 
 TINY = load_config(VerifierConfig, "tiny")
@@ -63,8 +62,8 @@ def test_official_format_checks_the_end_of_thought_first() -> None:
 
 
 def test_official_math_judges_the_answer_part_with_math_verify_fallback() -> None:
-    assert official_math_verdict("<think>\n\\boxed{12}\n</think>\n\nSo 13.", "12", TINY) == "wrong"
-    assert official_math_verdict("<think>\nx\n</think>\n\nThe answer is 12.", "12", TINY) == "correct"
+    assert official_math_judgement("<think>\n\\boxed{12}\n</think>\n\nSo 13.", "12", TINY)[0] == "wrong"
+    assert official_math_judgement("<think>\nx\n</think>\n\nThe answer is 12.", "12", TINY)[0] == "correct"
 
 
 def test_filter_key_on_a_planted_group() -> None:
@@ -102,7 +101,7 @@ def test_official_code_reward_exact_comparison_and_16_tests() -> None:
     assert score_rollout(half, OFFICIAL, verifier).reward == pytest.approx(0.0)
     assert score_rollout(half, PAPER, verifier).reward == pytest.approx(0.5)
     assert score_rollout(_code_task("<think>\nplan\n</think>\nno program", 4), OFFICIAL, verifier).reward == -1.0
-    assert exact_output_match("1 2\n", "1 2") and not exact_output_match("1  2", "1 2")
+    assert compare_stdout_exact("1 2\n", "1 2") and not compare_stdout_exact("1  2", "1 2")
 
 
 def test_official_code_draws_16_tests_per_rollout_seeded() -> None:

@@ -19,9 +19,9 @@ from klear.gppo.rewards import (
     failed_outcome,
     format_check,
     format_reward_override,
+    math_judgement,
     math_outcome,
     math_reward,
-    math_verdict,
     worker_verifier,
 )
 from klear.verifiers.code_verifier import CodeResult
@@ -151,11 +151,11 @@ def test_math_outcome() -> None:
 def test_math_verdict_conflicting_boxes_is_a_switch() -> None:
     """Training judges like evaluation: the last box decides unless the (off by default) switch rejects hedges."""
     hedge = "<think>\nsum it up\n</think>\nFirst I thought $\\boxed{205}$, but finally $\\boxed{204}$."
-    assert math_verdict(hedge, "204", TINY) == "correct"
-    assert math_verdict(hedge, "205", TINY) == "wrong"
+    assert math_judgement(hedge, "204", TINY)[0] == "correct"
+    assert math_judgement(hedge, "205", TINY)[0] == "wrong"
     strict = TINY.model_copy(update={"reject_conflicting_boxes": True})
-    assert math_verdict(hedge, "204", strict) == "conflicting_boxes"
-    assert math_verdict(hedge.replace("205", "204"), "204", strict) == "correct"  # the same box twice is no hedge
+    assert math_judgement(hedge, "204", strict)[0] == "conflicting_boxes"
+    assert math_judgement(hedge.replace("205", "204"), "204", strict)[0] == "correct"  # the same box twice is no hedge
 
 
 def test_failed_outcome() -> None:

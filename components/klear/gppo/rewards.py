@@ -25,7 +25,6 @@ from klear.gppo.config import RewardConfig
 from klear.verifiers.code_verifier import (
     CodeResult,
     TestCase,
-    compare_stdout_exact,
     extract_program_release,
     process_verifier,
     select_tests,
@@ -36,8 +35,8 @@ from klear.verifiers.math_verifier import extract_answer, format_ok, judge, judg
 
 __all__ = [
     "RewardOutcome", "RewardPool", "code_detail", "code_outcome", "code_reward", "failed_outcome", "format_check",
-    "format_reward_override", "exact_output_match", "math_outcome", "math_reward", "math_verdict", "official_code_result",
-    "official_math_verdict", "official_verifier", "score_rollout",
+    "format_reward_override", "math_judgement", "math_outcome", "math_reward", "official_code_result",
+    "official_math_judgement", "official_verifier", "score_rollout",
 ]
 
 log = logging.getLogger(__name__)
@@ -241,11 +240,6 @@ def math_judgement(response: str, gold: str, verifier: VerifierConfig) -> tuple[
     return "correct" if ok else "wrong", ext.answer
 
 
-def math_verdict(response: str, gold: str, verifier: VerifierConfig) -> str:
-    """The verdict of `math_judgement`."""
-    return math_judgement(response, gold, verifier)[0]
-
-
 def official_math_judgement(response: str, gold: str, verifier: VerifierConfig) -> tuple[str, str | None]:
     """math_dapo.compute_score(is_use_math_verify=True): math-verify on what follows the last </think> (its last box,
     else its last number), a string match with the gold first. ("correct", "wrong" or "judge_error", the answer
@@ -257,11 +251,6 @@ def official_math_judgement(response: str, gold: str, verifier: VerifierConfig) 
     if answer is None:
         return "wrong", None  # scored as wrong (the metrics' reason); math_detail says nothing was found
     return "correct" if ok else "wrong", answer
-
-
-def official_math_verdict(response: str, gold: str, verifier: VerifierConfig) -> str:
-    """The verdict of `official_math_judgement`: "correct", "wrong" or "judge_error"."""
-    return official_math_judgement(response, gold, verifier)[0]
 
 
 def score_rollout(task: dict, cfg: RewardConfig, verifier: VerifierConfig) -> RewardOutcome:
@@ -294,10 +283,6 @@ def official_verifier(cfg: RewardConfig, verifier: VerifierConfig) -> VerifierCo
         "code_rules": "release", "official_packages": list(cfg.official_packages), "timeout_s": cfg.official_timeout_s,
         "memory_mb": cfg.official_memory_mb, "file_limit_bytes": OFFICIAL_FILE_LIMIT_BYTES, "nofile": OFFICIAL_NOFILE,
         "nproc": OFFICIAL_NPROC, "code_workers": cfg.official_tests_at_once, "max_tests": None})
-
-
-# code_r1_compute's comparison: the whole output equal to the expected one after strip(), nothing more.
-exact_output_match = compare_stdout_exact
 
 
 def official_code_result(program: str | None, tests: list[TestCase], fn_name: str | None, key: str, cfg: RewardConfig,

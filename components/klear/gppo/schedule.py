@@ -17,7 +17,8 @@ import math
 
 from klear.gppo.config import GppoConfig
 
-__all__ = ["lr_factor", "planned_steps", "prompts_drawn_per_round", "rounds_per_epoch", "round_of_step"]
+__all__ = ["lr_factor", "planned_steps", "prompts_drawn_per_round", "round_of_step", "rounds_per_epoch",
+           "verl_rounds"]
 
 
 def prompts_drawn_per_round(cfg: GppoConfig) -> int:
@@ -34,16 +35,21 @@ def rounds_per_epoch(prompts: int, drawn_per_round: int) -> int:
     return prompts // drawn_per_round
 
 
+def verl_rounds(cfg: GppoConfig, prompts: int) -> int:
+    """Generation rounds of num_epochs verl epochs over `prompts` usable prompts (0 when not one round)."""
+    return math.floor(rounds_per_epoch(prompts, prompts_drawn_per_round(cfg)) * cfg.num_epochs)
+
+
 def planned_steps(cfg: GppoConfig, prompts: int) -> int:
     """TRL's max_steps for `prompts` usable prompts: `max_steps` when set; in round units num_epochs verl epochs
     of rounds, `updates_per_step` optimizer steps each; in step units -1 (TRL counts its own epochs)."""
     if cfg.max_steps > 0 or cfg.schedule_unit == "step":
         return cfg.max_steps
-    per_epoch = rounds_per_epoch(prompts, prompts_drawn_per_round(cfg))
-    rounds = math.floor(per_epoch * cfg.num_epochs)
+    rounds = verl_rounds(cfg, prompts)
     if rounds < 1:
-        raise ValueError(f"{prompts} prompts make {per_epoch} rounds per epoch of {prompts_drawn_per_round(cfg)} "
-                         f"drawn prompts: num_epochs {cfg.num_epochs:g} is not one round")
+        raise ValueError(f"{prompts} prompts make {rounds_per_epoch(prompts, prompts_drawn_per_round(cfg))} rounds "
+                         f"per epoch of {prompts_drawn_per_round(cfg)} drawn prompts: num_epochs {cfg.num_epochs:g} "
+                         "is not one round")
     return rounds * cfg.updates_per_step
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from klear.evaluate.config import EvaluateConfig
 from klear.gppo.config import GppoConfig
-from klear.gppo.schedule import prompts_drawn_per_round, rounds_per_epoch
+from klear.gppo.schedule import prompts_drawn_per_round, verl_rounds
 from klear.plan import checks
 from klear.plan.memory import attention_implementation
 from klear.plan.shapes import Cluster, Model
@@ -229,7 +229,7 @@ def rl_rounds(config: GppoConfig, problems: int) -> float:
     if config.max_steps > 0:
         return config.max_steps / config.updates_per_step
     if config.schedule_unit == "round":
-        return math.floor(rounds_per_epoch(problems, prompts_drawn_per_round(config)) * config.num_epochs)
+        return verl_rounds(config, problems)
     return config.num_epochs * problems / config.prompts_per_step
 
 
