@@ -1,6 +1,7 @@
 """What the deploy tests share: the chart rendered with Helm's Go SDK, manifest validation against Kubernetes'
-schemas (kubernetes-validate, strict) with small envelope schemas for the Kubeflow CRDs, Dockerfile parsing, and
-docker/lock.py loaded by path (docker/ is not a package: it would shadow the `docker` distribution)."""
+schemas (kubernetes-validate, strict) with small envelope schemas for the Kubeflow CRDs (Katib's Experiment from
+Katib's own generated definitions), Dockerfile parsing, and docker/lock.py loaded by path (docker/ is not a package:
+it would shadow the `docker` distribution)."""
 
 from __future__ import annotations
 
@@ -133,6 +134,66 @@ CRD_SCHEMAS["LeaderWorkerSet"] = _closed({
         }, ("workerTemplate",)),
     }, ("leaderWorkerTemplate",)),
 }, ("apiVersion", "kind", "metadata", "spec"))
+
+
+# Katib's Experiment (kubeflow.org/v1beta1). Its CRD's openAPIV3Schema is only `type: object` with
+# x-kubernetes-preserve-unknown-fields (manifests/v1beta1/components/crd/experiment.yaml): the API server takes any
+# spec, and a misspelt field is silently dropped by Katib's Go decoder. So the spec is also checked against the
+# OpenAPI definitions Katib generates from its Go types (pkg/apis/v1beta1/swagger.json), vendored in
+# katib_experiment_schema.json with their source commit, closed like Kubernetes' strict schemas, with the enums the
+# Go constants define; a batch Job trial template is checked by Kubernetes' own strict Job schema.
+KATIB_SCHEMA_FILE = Path(__file__).with_name("katib_experiment_schema.json")
+# Kubernetes types the Katib definitions name (swagger "v1.X") -> kubernetes-validate's definitions.
+_KATIB_K8S_REFS = {"v1.ObjectMeta": "io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta",
+                   "v1.Container": "io.k8s.api.core.v1.Container", "v1.HTTPGetAction": "io.k8s.api.core.v1.HTTPGetAction"}
+# String enums of the Go types (pkg/apis/controller/common/v1beta1/common_types.go,
+# pkg/apis/controller/experiments/v1beta1/experiment_types.go), without their "unknown" placeholders.
+_KATIB_ENUMS = {
+    ("v1beta1.ObjectiveSpec", "type"): ["minimize", "maximize"],
+    ("v1beta1.MetricStrategy", "value"): ["min", "max", "latest"],
+    ("v1beta1.CollectorSpec", "kind"): ["StdOut", "File", "TensorFlowEvent", "PrometheusMetric", "Custom", "Push"],
+    ("v1beta1.ParameterSpec", "parameterType"): ["double", "int", "discrete", "categorical"],
+    ("v1beta1.FeasibleSpace", "distribution"): ["uniform", "logUniform", "normal", "logNormal"],
+    ("v1beta1.ExperimentSpec", "resumePolicy"): ["Never", "LongRunning", "FromVolume"],
+    ("v1beta1.FileSystemPath", "kind"): ["Directory", "File"],
+    ("v1beta1.FileSystemPath", "format"): ["TEXT", "JSON"],
+}
+
+
+def _katib_definition(definition: Any) -> Any:
+    """A swagger definition as JSON Schema: refs to local $defs or to Kubernetes' definitions, objects closed."""
+    if isinstance(definition, list):
+        return [_katib_definition(item) for item in definition]
+    if not isinstance(definition, dict):
+        return definition
+    out = {key: _katib_definition(value) for key, value in definition.items()}
+    ref = out.get("$ref", "").removeprefix("#/definitions/")
+    if ref:
+        out.pop("$ref")
+        if ref == "v1.unstructured.Unstructured":  # the trial template: any kind; a Job is checked below
+            out["type"] = "object"
+        else:
+            out.update(_ref(_KATIB_K8S_REFS[ref]) if ref in _KATIB_K8S_REFS else {"$ref": f"#/$defs/{ref}"})
+    if "properties" in out and "additionalProperties" not in out:
+        out["additionalProperties"] = False
+    return out
+
+
+def katib_experiment_schema() -> dict[str, Any]:
+    vendored = json.loads(KATIB_SCHEMA_FILE.read_text())
+    definitions = {name: _katib_definition(d) for name, d in vendored["definitions"].items()}
+    for (name, field), values in _KATIB_ENUMS.items():
+        definitions[name]["properties"][field]["enum"] = values
+    job = {"if": {"properties": {"kind": {"const": "Job"}}, "required": ["kind"]},
+           "then": _ref("io.k8s.api.batch.v1.Job")}
+    definitions["v1beta1.TrialTemplate"]["properties"]["trialSpec"] = {"type": "object", "allOf": [job]}
+    experiment = {**definitions["v1beta1.Experiment"], "required": ["apiVersion", "kind", "metadata", "spec"]}
+    experiment["properties"] = {**experiment["properties"], "apiVersion": {"const": "kubeflow.org/v1beta1"},
+                                "kind": {"const": "Experiment"}}
+    return {"$defs": definitions, "allOf": [vendored["crdOpenAPIV3Schema"], experiment]}
+
+
+CRD_SCHEMAS["Experiment"] = katib_experiment_schema()
 
 
 def _registry() -> Any:

@@ -18,6 +18,7 @@ from klear.gppo.config import GppoConfig
 from klear.gppo.metrics import gradient_kept_fraction
 from klear.gppo.stage import run
 from klear.gppo.validation import due, val_scores
+from tests.deploy import katib
 
 VAL = ["val_config=demo", "val_overrides=[sampling.max_tokens=24]"]
 
@@ -39,7 +40,7 @@ def _samples(folder: Path) -> list[tuple[str, int, str]]:
 
 
 def test_validation_equals_a_separate_evaluation(tiny_model: str, demo_files: list[str], tmp_path: Path,
-                                                 caplog: pytest.LogCaptureFixture) -> None:
+                                                 caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]) -> None:
     bench = tmp_path / "bench.jsonl"
     bench.write_text("".join(json.dumps(item) + "\n" for item in benchmark_items(4)))
     caplog.set_level(logging.INFO)
@@ -51,6 +52,12 @@ def test_validation_equals_a_separate_evaluation(tiny_model: str, demo_files: li
     validation = report["validation"]
     assert [row["step"] for row in validation] == [0.0, 2.0]
     assert all(row["val/seconds"] > 0 and "val/demo/pass@1" in row for row in validation)
+    # This log as Katib's StdOut collector reads it (default filter): each validation's score, the last one the
+    # trial's value under the chart's `latest` strategy, and every training row's reward.
+    objective, reward = tracking.katib_name("val/pass@1"), tracking.katib_name("reward/mean")
+    katib_logs = katib.parse_text_log(capsys.readouterr().err, [objective, reward])
+    assert [float(log.value) for log in katib_logs if log.name == objective] == [row["val/pass@1"] for row in validation]
+    assert float(katib.trial_value(katib_logs, objective, "latest")) == validation[-1]["val/pass@1"]
 
     # The same model, evaluated on its own, under the same protocol.
     separate = tmp_path / "eval"
@@ -70,5 +77,6 @@ def test_validation_equals_a_separate_evaluation(tiny_model: str, demo_files: li
             "train/clip_frac_high", "train/gradient_kept_frac", "train/entropy", "train/kl_old_policy",
             "val/demo/pass@1", "val/pass@1"} <= names
     assert [r["step"] for r in rows if "val/pass@1" in r] == [0.0, 2.0]
+    assert [float(log.value) for log in katib_logs if log.name == reward] == [r["reward/mean"] for r in rows if "reward/mean" in r]
     assert "val" in (output / "logs" / tracking.CURVES_FILE).read_text()
     assert any(r.getMessage().startswith("gppo: step 2/2 (100%)") for r in caplog.records)

@@ -18,6 +18,7 @@ from klear.common.config import ConfigError, load_config
 from klear.sft.config import SftConfig
 from tests.commands import klear
 from tests.conftest import free_port
+from tests.deploy import katib
 from tests.processes import served_on_loopback
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -161,6 +162,9 @@ def test_mlflow_and_wandb_runs_read_back_and_continued_on_resume(
     # The secret is in no log line, no output file, no MLflow param or tag.
     captured = capfd.readouterr()
     assert SECRET not in caplog.text and SECRET not in captured.out + captured.err
+    # Katib's default filter reads the same loss curve from the log's metric lines, the first attempt's first.
+    losses = [float(log.value) for log in katib.parse_text_log(captured.err, [tracking.katib_name("train/loss")])]
+    assert losses[:len(history)] == [m.value for m in history]
     assert SECRET not in _files_text(output)
     final = client.get_run(mlflow_run.info.run_id)
     assert SECRET not in json.dumps({**final.data.params, **final.data.tags})

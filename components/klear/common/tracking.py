@@ -12,12 +12,17 @@ chart fills from a Secret, and no message shows them (`redact`). The trackers ar
 (`check_trackers`: reachable, authorised, the experiment there), with bounded retries. A run's tracker ids are kept
 with every checkpoint (`tracking_run.json`), so a resumed stage continues the same run; only rank 0 reports
 (transformers' callbacks check it).
+
+Katib (hyperparameter search) reads the log: every logged row is also written to stderr as one metrics line,
+`<RFC 3339 time> klear-metrics step=12 train-loss=0.41 reward-mean=0.3 ...`, the row's figures under their Katib
+names (`katib_name`: `val/pass@1` -> `val-pass-at-1`), which Katib's StdOut collector reads with its default filter.
 """
 
 from __future__ import annotations
 
 import base64
 import contextlib
+import datetime as dt
 import functools
 import io
 import json
@@ -25,6 +30,7 @@ import logging
 import math
 import os
 import re
+import sys
 import time
 import urllib.parse
 import warnings
@@ -90,6 +96,14 @@ SCHEME_PREFIXES = ("train/", "rollout/", "reward/", "val/")
 # The figures a progress line shows, when logged.
 PROGRESS_FIGURES = ("train/loss", "reward/mean", "reward/accuracy", "rollout/response_length_mean", "train/grad_norm",
                     "train/tokens_per_second", "val/pass@1")
+# Katib's StdOut and File (TEXT) collectors find `name=value` pairs in a line with the filter
+# `([\w|-]+)\s*=\s*([+-]?\d*(\.\d+)?([Ee][+-]?\d+)?)` (kubeflow/katib pkg/metricscollector/v1beta1/common/const.go,
+# DefaultFilter) and read a line's first word as its time when it parses as RFC 3339, else the time is unknown
+# (pkg/metricscollector/v1beta1/file-metricscollector/file-metricscollector.go, parseLogsInTextFormat): names are
+# word characters, '|' and '-', and the time first, so that an Experiment's `latest` strategy takes the last value.
+KATIB_TAG = "klear-metrics"  # the second word of a metrics line: what to grep for
+_KATIB_REPLACED = re.compile(r"[^A-Za-z0-9_]")
+_KATIB_SEPARATORS = {"/": "-", "@": "-at-"}  # everything else outside [A-Za-z0-9_] becomes "_"
 
 
 class TrackingSettings(pydantic.BaseModel):
@@ -199,6 +213,23 @@ def scheme_logs(logs: Mapping[str, Any]) -> dict[str, float]:
         if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(float(value)):
             out[scheme_name(key)] = float(value)
     return out
+
+
+def katib_name(name: str) -> str:
+    """The name Katib reads for a scheme name: '/' becomes '-', '@' becomes '-at-', '-' and every other character
+    but ASCII letters, digits and '_' become '_' ('val/pass@1' -> 'val-pass-at-1', 'train/grad_norm' ->
+    'train-grad_norm', 'val/lcb-v5/pass@1' -> 'val-lcb_v5-pass-at-1'). A '-' comes from '/' or '@' only, so the
+    scheme's names stay apart (tests check the names the stages log) and read back: '-at-' is '@', '-' is '/'."""
+    return _KATIB_REPLACED.sub(lambda m: _KATIB_SEPARATORS.get(m.group(), "_"), name)
+
+
+def katib_line(step: int, figures: Mapping[str, float], now: dt.datetime) -> str:
+    """'2025-06-01T12:00:00.000000Z klear-metrics step=12 train-loss=0.41 ...': the figures of one logged row (scheme
+    names) for Katib, at `now` (UTC). Values as Python writes a float (repr: exact, and all of it matched by
+    Katib's number pattern); the caller leaves out what is not finite."""
+    stamp = now.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    pairs = " ".join(f"{katib_name(name)}={float(value)!r}" for name, value in figures.items())
+    return f"{stamp} {KATIB_TAG} step={int(step)}" + (f" {pairs}" if pairs else "")
 
 
 def default_run_name(stage: str, output: str) -> str:
@@ -596,6 +627,9 @@ def _run_tracker(base: type) -> type:
             if row:
                 self.latest.update(row)
                 self.rows.append({"step": float(state.global_step), **row})
+                # Each row once, at the time it was logged (validation rows too): Katib's observations are the curves.
+                # Straight to stderr, not through logging: the time must be the line's first word.
+                print(katib_line(state.global_step, row, dt.datetime.now(dt.UTC)), file=sys.stderr, flush=True)
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             now = time.monotonic()
