@@ -1,8 +1,14 @@
-"""Kubeflow Trainer job manifests: rendered, validated against the Kubernetes schemas; job states, failures."""
+"""Kubeflow Trainer job manifests: rendered, validated against the Kubernetes schemas and Trainer's own TrainJob CRD;
+job states, failures; jobs created with strict field validation."""
 
 from __future__ import annotations
 
 import copy
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 import pytest
 
@@ -37,6 +43,43 @@ def test_trainjob_renders_and_validates() -> None:
     assert "--machine_rank $PET_NODE_RANK" in job["spec"]["trainer"]["command"][-1]
 
 
+def _patched_pod(job: dict[str, Any]) -> dict[str, Any]:
+    """The pod template of the `node` job in a TrainJob's one runtime patch."""
+    (patch,) = job["spec"]["runtimePatches"]
+    assert patch["manager"] == "klear.io/launcher"
+    (node,) = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
+    assert node["name"] == "node"  # the replicated job of Trainer's torch runtimes and the chart's
+    return node["template"]["spec"]["template"]
+
+
+def test_trainjob_patches_the_node_pods_as_trainer_v2_2_reads_them() -> None:
+    """/dev/shm, the launching pod's scheduling and klear.io/ labels go in spec.runtimePatches (Trainer >= v2.2),
+    and the TrainJob passes Trainer v2.3's own CRD schema as an API server with strict field validation applies
+    it. The v2.1 shape (podTemplateOverrides), which such a server drops or refuses, fails both checks."""
+    from klear.training.trainjob import plan_job
+    from tests.deploy.helpers import validation_errors
+
+    spec, v2 = plan_job(SFT, "sft", "s3://m", ["s3://d"], "s3://runs/r/sft", "paper", [], 2, 8,
+                        {**_environ("pod-1"), "KLEAR_TRAINER_API": "v2"}, "team-a", LAUNCHER_POD)
+    job = render_trainjob(spec)
+    assert v2 and validate_manifest(job) == [] and validation_errors(job) == []
+    pod = _patched_pod(job)
+    assert pod["spec"]["volumes"] == [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "64Gi"}}]
+    assert pod["spec"]["containers"] == [{"name": "node", "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}]}]
+    assert pod["metadata"]["labels"]["klear.io/runs-untrusted-code"] == "true"
+    carried = ("nodeSelector", "tolerations", "imagePullSecrets", "serviceAccountName")
+    assert {key: pod["spec"].get(key) for key in carried} == {key: LAUNCHER_SPEC[key] for key in carried}
+
+    v2_1 = copy.deepcopy(job)
+    v2_1["spec"]["podTemplateOverrides"] = [{"targetJobs": [{"name": "node"}], **v2_1["spec"].pop("runtimePatches")[0]
+                                             ["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]
+                                             ["template"]["spec"]["template"]}]
+    v2_1["spec"]["trainer"]["numProcPerNode"] = "auto"  # an int32 since v2.2
+    for errors in (validate_manifest(v2_1), validation_errors(v2_1)):
+        assert any("'podTemplateOverrides' was unexpected" in e for e in errors), errors
+        assert any("numProcPerNode" in e for e in errors), errors
+
+
 def test_schema_errors_are_all_reported() -> None:
     job = copy.deepcopy(render_pytorchjob(SPEC))
     pod = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
@@ -63,6 +106,10 @@ def test_schema_errors_are_all_reported() -> None:
         ({"conditions": [{"type": "Created", "status": "True"}, {"type": "Running", "status": "True"}]}, "running"),
         ({"conditions": [{"type": "Running", "status": "False"}, {"type": "Succeeded", "status": "True"}]}, "succeeded"),
         ({"conditions": [{"type": "Complete", "status": "True", "message": "jobset completed"}]}, "succeeded"),
+        # A running TrainJob: Trainer writes the JobSet's counts and no Running condition.
+        ({"jobsStatus": [{"name": "node", "active": 1, "ready": 1, "succeeded": 0, "failed": 0, "suspended": 0}]},
+         "pending"),
+        ({"conditions": [{"type": "Suspended", "status": "False", "reason": "Resumed"}]}, "pending"),
         ({"conditions": [{"type": "Running", "status": "True"},
                          {"type": "Failed", "status": "True", "message": "pod master-0 OOMKilled"}]}, "failed"),
     ],
@@ -131,10 +178,9 @@ def test_a_retried_launcher_names_the_same_job_and_the_run_owns_it(api: str) -> 
     else:
         assert jobs[0]["spec"]["trainer"]["image"] == "registry.example.com/klear/klear-gpu:1.2.3"
         assert jobs[0]["spec"]["runtimeRef"]["name"] == "klear-torch"
-        (override,) = jobs[0]["spec"]["podTemplateOverrides"]
-        pod_spec = override["spec"]
+        pod_spec = _patched_pod(jobs[0])["spec"]
     pod_labels = (jobs[0]["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["metadata"]["labels"] if api == "v1"
-                  else jobs[0]["spec"]["podTemplateOverrides"][0]["metadata"]["labels"])
+                  else _patched_pod(jobs[0])["metadata"]["labels"])
     assert pod_labels["klear.io/runs-untrusted-code"] == "true"  # the NetworkPolicy covers the job's pods too
     assert "pipeline/runid" not in pod_labels  # only the project's own labels are carried over
     assert pod_spec["tolerations"] == LAUNCHER_SPEC["tolerations"]
@@ -196,3 +242,54 @@ def test_region_is_optional_in_the_secret() -> None:
     # Tracking credentials (MLflow, W&B) from their own Secret, which may be absent: every key optional.
     assert env["MLFLOW_TRACKING_PASSWORD"] == {"name": "klear-tracking", "key": "MLFLOW_TRACKING_PASSWORD", "optional": True}
     assert env["WANDB_API_KEY"]["optional"] is True
+
+
+class _ApiServer(BaseHTTPRequestHandler):
+    """Answers every request as an API server refusing an unknown field under strict field validation, and keeps
+    what it was sent."""
+
+    requests: list[tuple[str, str, Any]] = []
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.requests.append((self.command, self.path, body))
+        status = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "BadRequest", "code": 400,
+                  "message": 'TrainJob in version "v1alpha1" cannot be handled as a TrainJob: strict decoding error: '
+                             'unknown field "spec.runtimePatches"'}
+        reply = json.dumps(status).encode()
+        self.send_response(400)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(reply)))
+        self.end_headers()
+        self.wfile.write(reply)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture()
+def api_server() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _ApiServer)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    _ApiServer.requests = []
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_jobs_are_created_with_strict_field_validation(api_server: str) -> None:
+    """The kubernetes client sends fieldValidation=Strict, so a cluster whose CRD lacks a field (Trainer v2.1 and
+    runtimePatches) refuses the job instead of dropping the field; the error names it and the Trainer needed."""
+    from kubernetes import client
+
+    from klear.training.trainjob import KubernetesJobs
+
+    cluster = KubernetesJobs("team-a", True, api_client=client.ApiClient(client.Configuration(host=api_server)))
+    job = render_trainjob(SPEC)
+    with pytest.raises(RuntimeError, match=r'refused TrainJob klear-sft-run-1: .*unknown field "spec.runtimePatches"; '
+                                           r"TrainJob manifests are written for Kubeflow Trainer >= v2.2"):
+        cluster.create(job)
+    ((method, path, body),) = _ApiServer.requests
+    assert method == "POST" and path == "/apis/trainer.kubeflow.org/v1alpha1/namespaces/team-a/trainjobs?fieldValidation=Strict"
+    assert body == job

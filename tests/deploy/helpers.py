@@ -1,7 +1,7 @@
 """What the deploy tests share: the chart rendered with Helm's Go SDK, manifest validation against Kubernetes'
-schemas (kubernetes-validate, strict) with small envelope schemas for the Kubeflow CRDs (Katib's Experiment from
-Katib's own generated definitions), Dockerfile parsing, and docker/lock.py loaded by path (docker/ is not a package:
-it would shadow the `docker` distribution)."""
+schemas (kubernetes-validate, strict), Kubeflow Trainer's own CRD schemas (vendored under crds/), Katib's
+Experiment from Katib's own generated definitions, small envelope schemas for the other CRDs, Dockerfile parsing,
+and docker/lock.py loaded by path (docker/ is not a package: it would shadow the `docker` distribution)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "klear-reasoner"
+CRDS = Path(__file__).parent / "crds"
 KUBERNETES_VERSION = "1.31.0"  # kubernetes-validate's newest bundled schemas; the chart needs >= 1.29
 RELEASE, NAMESPACE = "klear", "team-a"
 CREDENTIALS = {"s3": {"accessKeyId": "AKIAEXAMPLE", "secretAccessKey": "secret-example"}}
@@ -86,31 +87,42 @@ def _closed(properties: dict[str, Any], required: tuple[str, ...] = ()) -> dict[
 
 _META = _ref("io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta")
 
-# Kubeflow Trainer v2 (trainer.kubeflow.org/v1alpha1) ClusterTrainingRuntime: the envelope (mlPolicy, a JobSet
-# template of replicated batch Jobs), closed so a misspelt field fails; each Job template is checked by Kubernetes'
-# own JobTemplateSpec schema. No package ships Trainer's CRD schemas (see DESIGN "Facts checked").
+
+def _strict(schema: Any) -> Any:
+    """A CRD's structural schema (OpenAPI v3) as JSON Schema that fails where an API server creating with
+    fieldValidation=Strict fails: every object closed unless it declares additionalProperties or
+    x-kubernetes-preserve-unknown-fields (the API server prunes, or with Strict refuses, any field its schema
+    does not list). The x-kubernetes-* markers, formats and CEL rules are left to JSON Schema, which ignores them."""
+    if isinstance(schema, list):
+        return [_strict(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {key: ({name: _strict(sub) for name, sub in value.items()} if key == "properties" else _strict(value))
+           for key, value in schema.items()}
+    if (out.get("type") == "object" and "additionalProperties" not in out
+            and not out.get("x-kubernetes-preserve-unknown-fields")):
+        out["additionalProperties"] = False
+    return out
+
+
+def crd_schema(path: Path, cluster_scoped: bool = False) -> dict[str, Any]:
+    """The JSON Schema of one vendored CRD version (crds/*.json: its openAPIV3Schema, apiVersion and kind). The
+    object's apiVersion, kind and metadata, which a CRD leaves to the API server, are checked here too."""
+    crd = json.loads(path.read_text())
+    schema = _strict(crd["openAPIV3Schema"])
+    metadata = {"allOf": [_META, {"not": {"required": ["namespace"]}}]} if cluster_scoped else _META
+    schema["properties"].update({"apiVersion": {"const": crd["apiVersion"]}, "kind": {"const": crd["kind"]},
+                                 "metadata": metadata})
+    schema["required"] = sorted({*schema.get("required", []), "apiVersion", "kind", "metadata"})
+    return schema
+
+
+# Kubeflow Trainer (trainer.kubeflow.org/v1alpha1): Trainer v2.3.0's own CRDs, descriptions removed. The project
+# writes the v2.2+ API (runtimePatches), which v2.3 only added optional fields to. No package ships them.
 CRD_SCHEMAS: dict[str, dict[str, Any]] = {
-    "ClusterTrainingRuntime": _closed({
-        "apiVersion": {"const": "trainer.kubeflow.org/v1alpha1"}, "kind": {"const": "ClusterTrainingRuntime"},
-        "metadata": {"allOf": [_META, {"not": {"required": ["namespace"]}}]},  # cluster-scoped
-        "spec": _closed({
-            "mlPolicy": _closed({
-                "numNodes": {"type": "integer", "minimum": 1},
-                "torch": _closed({"numProcPerNode": {"oneOf": [{"type": "integer", "minimum": 1},
-                                                               {"enum": ["auto", "cpu", "gpu"]}]}}),
-            }),
-            "template": _closed({
-                "metadata": _META,
-                "spec": _closed({
-                    "replicatedJobs": {"type": "array", "minItems": 1, "items": _closed({
-                        "name": {"type": "string", "pattern": "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"},
-                        "replicas": {"type": "integer", "minimum": 1},
-                        "template": _ref("io.k8s.api.batch.v1.JobTemplateSpec"),
-                    }, ("name", "template"))},
-                }, ("replicatedJobs",)),
-            }, ("spec",)),
-        }, ("template",)),
-    }, ("apiVersion", "kind", "metadata", "spec")),
+    "ClusterTrainingRuntime": crd_schema(CRDS / "trainer.kubeflow.org_clustertrainingruntimes.v2.3.0.json",
+                                         cluster_scoped=True),
+    "TrainJob": crd_schema(CRDS / "trainer.kubeflow.org_trainjobs.v2.3.0.json"),
 }
 
 # LeaderWorkerSet (leaderworkerset.x-k8s.io/v1, kubernetes-sigs/lws): the envelope as its Go types define it

@@ -3,9 +3,15 @@
 Two job kinds, same command on every node (`accelerate launch` with the ZeRO-3 config, one process
 per GPU, node rank and rendezvous from the variables the operator injects):
 
-  PyTorchJob (kubeflow.org/v1, Training Operator v1): Master + Workers; env RANK, MASTER_ADDR, MASTER_PORT
-  TrainJob   (trainer.kubeflow.org/v1alpha1, Trainer v2): numNodes on the `torch-distributed` runtime;
-             env PET_NODE_RANK, PET_MASTER_ADDR, PET_MASTER_PORT
+  PyTorchJob (kubeflow.org/v1, Training Operator >= v1.8): Master + Workers; env RANK, MASTER_ADDR, MASTER_PORT
+  TrainJob   (trainer.kubeflow.org/v1alpha1, Kubeflow Trainer >= v2.2): numNodes on the `torch-distributed`
+             runtime, the pods' settings in `runtimePatches`; env PET_NODE_RANK, PET_MASTER_ADDR, PET_MASTER_PORT
+
+Trainer v2.1's TrainJob is not written: v2.2 replaced its `podTemplateOverrides` with `runtimePatches` (a breaking
+change, kubeflow/trainer#3309) and each release's API server drops the other's field, so both would need two
+manifest shapes and a per-cluster switch, for a release v2.2 and v2.3 superseded. Jobs are created with strict field
+validation instead: a cluster that does not know a field (v2.1 and `runtimePatches`) refuses the job and names the
+field, where it would otherwise run it without /dev/shm, the launching pod's scheduling and its labels.
 
 S3 credentials come from a Secret as environment variables; /dev/shm is a RAM-backed emptyDir
 (NCCL and the data loaders need more than the container default of 64 MB). The launcher creates
@@ -56,6 +62,10 @@ V1_VARS = ("$RANK", "$MASTER_ADDR", "$MASTER_PORT")
 V2_VARS = ("$PET_NODE_RANK", "$PET_MASTER_ADDR", "$PET_MASTER_PORT")
 K8S_DEFINITIONS = "https://kubernetes.io/api/_definitions.json"
 WORKFLOW_API = "argoproj.io/v1alpha1"  # the run: KFP runs a pipeline as an Argo Workflow that owns its pods
+NODE_JOB = "node"  # the runtime's replicated job and container that train (Trainer's torch runtimes, the chart's)
+PATCH_MANAGER = "klear.io/launcher"  # this module's entry in a TrainJob's runtimePatches, which are keyed by manager
+OPERATORS = {"PyTorchJob": "the Training Operator >= v1.8 (kubeflow.org/v1)",
+             "TrainJob": "Kubeflow Trainer >= v2.2 (trainer.kubeflow.org/v1alpha1 with spec.runtimePatches)"}
 
 
 @dataclass(frozen=True)
@@ -164,17 +174,19 @@ def render_pytorchjob(spec: JobSpec) -> dict[str, Any]:
 
 
 def render_trainjob(spec: JobSpec) -> dict[str, Any]:
-    """A TrainJob for Kubeflow Trainer >= v2.1 (`podTemplateOverrides`; v2.0 called it podSpecOverrides)."""
-    pod = {"volumes": [_shm_volume(spec)],
-           "containers": [{"name": "node", "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}]}],
-           **spec.scheduling}
+    """A TrainJob for Kubeflow Trainer >= v2.2: what Trainer's `trainer` field cannot say (/dev/shm, the launching
+    pod's scheduling and labels) is a runtime patch of the `node` job's pod template."""
+    pod = {"metadata": {"labels": {**PART_OF, **spec.labels, **spec.pod_labels}},
+           "spec": {"volumes": [_shm_volume(spec)],
+                    "containers": [{"name": NODE_JOB, "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}]}],
+                    **spec.scheduling}}
+    patch = {"manager": PATCH_MANAGER, "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [
+        {"name": NODE_JOB, "template": {"spec": {"template": pod}}}]}}}}
     return {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "metadata": _metadata(spec),
             "spec": {"runtimeRef": {"name": spec.runtime},
                      "trainer": {"image": spec.image, "command": _command(spec, V2_VARS), "env": _env(spec),
                                  "numNodes": spec.nodes, "resourcesPerNode": _resources(spec)},
-                     "podTemplateOverrides": [{"targetJobs": [{"name": "node"}],
-                                               "metadata": {"labels": {**PART_OF, **spec.labels, **spec.pod_labels}},
-                                               "spec": pod}]}}
+                     "runtimePatches": [patch]}}
 
 
 # --------------------------------------------------------------------------- schema
@@ -192,10 +204,39 @@ _REPLICA = _closed({"replicas": {"type": "integer", "minimum": 0},
                     "restartPolicy": {"enum": ["Always", "OnFailure", "Never", "ExitCode"]},
                     "template": _ref("io.k8s.api.core.v1.PodTemplateSpec")}, ("replicas", "template"))
 
-_OVERRIDDEN_CONTAINER = _closed({"name": {"type": "string"},
-                                 "env": {"type": "array", "items": _ref("io.k8s.api.core.v1.EnvVar")},
-                                 "volumeMounts": {"type": "array", "items": _ref("io.k8s.api.core.v1.VolumeMount")}},
-                                ("name",))
+# Trainer v2.2+ runtime patches (pkg/apis/trainer/v1alpha1/trainjob_types.go: RuntimePatch ... ContainerPatch):
+# metadata may carry labels and annotations only; a container patch names a container of the runtime.
+_STRINGS = {"type": "object", "additionalProperties": {"type": "string"}}
+_PATCH_METADATA = _closed({"labels": _STRINGS, "annotations": _STRINGS})
+_PATCHED_CONTAINER = _closed({"name": {"type": "string", "minLength": 1},
+                              "env": {"type": "array", "items": _ref("io.k8s.api.core.v1.EnvVar")},
+                              "volumeMounts": {"type": "array", "items": _ref("io.k8s.api.core.v1.VolumeMount")},
+                              "securityContext": _ref("io.k8s.api.core.v1.SecurityContext")}, ("name",))
+_POD_SPEC_PATCH = _closed({
+    "serviceAccountName": {"type": "string"},
+    "volumes": {"type": "array", "items": _ref("io.k8s.api.core.v1.Volume")},
+    "initContainers": {"type": "array", "items": _PATCHED_CONTAINER},
+    "containers": {"type": "array", "items": _PATCHED_CONTAINER},
+    "imagePullSecrets": {"type": "array", "items": _ref("io.k8s.api.core.v1.LocalObjectReference")},
+    "securityContext": _ref("io.k8s.api.core.v1.PodSecurityContext"),
+    "nodeSelector": _STRINGS,
+    "affinity": _ref("io.k8s.api.core.v1.Affinity"),
+    "tolerations": {"type": "array", "items": _ref("io.k8s.api.core.v1.Toleration")},
+    "schedulingGates": {"type": "array", "items": _ref("io.k8s.api.core.v1.PodSchedulingGate")},
+    "terminationGracePeriodSeconds": {"type": "integer", "minimum": 0}})
+_REPLICATED_JOB_PATCH = _closed({
+    "name": {"type": "string", "minLength": 1},
+    "template": _closed({"metadata": _PATCH_METADATA, "spec": _closed({"template": _closed({
+        "metadata": _PATCH_METADATA, "spec": _POD_SPEC_PATCH})})})}, ("name",))
+# Trainer's webhook wants a domain-prefixed path ("acme.io/foo": a DNS subdomain, a slash, an HTTP path).
+_MANAGER = {"type": "string", "maxLength": 253,
+            "pattern": r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/[A-Za-z0-9/\-._~%!$&'()*+,;=:]+$"}
+_RUNTIME_PATCH = _closed({
+    "manager": _MANAGER,
+    "trainingRuntimeSpec": _closed({"template": _closed({
+        "metadata": _PATCH_METADATA,
+        "spec": _closed({"replicatedJobs": {"type": "array", "items": _REPLICATED_JOB_PATCH}})})}),
+}, ("manager",))
 
 SCHEMAS: dict[str, dict[str, Any]] = {
     # Kubeflow Training Operator v1 PyTorchJob: the envelope; pod templates are checked by Kubernetes' own schema.
@@ -212,7 +253,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
                                                        "replicas": {"const": 1}}}, "Worker": _REPLICA}, ("Master",)),
         }, ("pytorchReplicaSpecs",)),
     }, ("apiVersion", "kind", "metadata", "spec")),
-    # Kubeflow Trainer v2 TrainJob (v2.1 API).
+    # Kubeflow Trainer TrainJob, v2.2+ API (v2.1's podTemplateOverrides and spec.labels/annotations are errors).
     "TrainJob": _closed({
         "apiVersion": {"const": "trainer.kubeflow.org/v1alpha1"}, "kind": {"const": "TrainJob"},
         "metadata": _ref("io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta"),
@@ -224,24 +265,10 @@ SCHEMAS: dict[str, dict[str, Any]] = {
                                 "args": {"type": "array", "items": {"type": "string"}},
                                 "env": {"type": "array", "items": _ref("io.k8s.api.core.v1.EnvVar")},
                                 "numNodes": {"type": "integer", "minimum": 1},
-                                "numProcPerNode": {"type": ["integer", "string"]},
+                                "numProcPerNode": {"type": "integer", "minimum": 1},  # an int32 since v2.2
                                 "resourcesPerNode": _ref("io.k8s.api.core.v1.ResourceRequirements")}),
-            "podTemplateOverrides": {"type": "array", "items": _closed({
-                "targetJobs": {"type": "array", "items": _closed({"name": {"type": "string"}}, ("name",))},
-                "metadata": _closed({"labels": {"type": "object", "additionalProperties": {"type": "string"}},
-                                     "annotations": {"type": "object", "additionalProperties": {"type": "string"}}}),
-                "spec": _closed({
-                    "volumes": {"type": "array", "items": _ref("io.k8s.api.core.v1.Volume")},
-                    "containers": {"type": "array", "items": _OVERRIDDEN_CONTAINER},
-                    "initContainers": {"type": "array", "items": _OVERRIDDEN_CONTAINER},
-                    "nodeSelector": {"type": "object", "additionalProperties": {"type": "string"}},
-                    "affinity": _ref("io.k8s.api.core.v1.Affinity"),
-                    "tolerations": {"type": "array", "items": _ref("io.k8s.api.core.v1.Toleration")},
-                    "imagePullSecrets": {"type": "array", "items": _ref("io.k8s.api.core.v1.LocalObjectReference")},
-                    "schedulingGates": {"type": "array", "items": _ref("io.k8s.api.core.v1.PodSchedulingGate")},
-                    "serviceAccountName": {"type": "string"}}),
-            }, ("targetJobs",))},
-            "labels": {"type": "object"}, "annotations": {"type": "object"}, "suspend": {"type": "boolean"},
+            "runtimePatches": {"type": "array", "maxItems": 16, "items": _RUNTIME_PATCH},
+            "suspend": {"type": "boolean"}, "activeDeadlineSeconds": {"type": "integer", "minimum": 1},
         }, ("runtimeRef",)),
     }, ("apiVersion", "kind", "metadata", "spec")),
 }
@@ -276,7 +303,10 @@ def validate_manifest(manifest: dict[str, Any], kubernetes_version: str = "1.31.
 
 
 def job_state(status: dict[str, Any] | None) -> tuple[str, str]:
-    """(pending | running | succeeded | failed, message) from a PyTorchJob's or TrainJob's status conditions."""
+    """(pending | running | succeeded | failed, message) from a PyTorchJob's or TrainJob's status conditions.
+
+    The Training Operator says Created, Running, Restarting, Succeeded, Failed; Trainer only Suspended, Complete and
+    Failed: a TrainJob is `pending` until it ends. Only the two terminal states decide anything."""
     conditions = {c.get("type"): c for c in (status or {}).get("conditions") or [] if c.get("status") == "True"}
     if "Failed" in conditions:
         return "failed", conditions["Failed"].get("message", "")
@@ -382,14 +412,15 @@ def follow_job(cluster: JobCluster, name: str, kind: str, poll_seconds: float, o
             return
         if state == "failed":
             raise JobFailed(f"{kind} {name} failed: {message}")
-        if state == "running":
-            try:
-                for seen, line in cluster.master_log(name, mark):
-                    print(line, file=out or sys.stdout, flush=True)
-                    mark = seen
-            except Exception as exc:  # noqa: BLE001 - any break of the stream (HTTP, API, connection): the job still runs
-                log.warning("the log stream of %s %s broke (%s: %s): reconnecting", kind, name,
-                            type(exc).__name__, exc)
+        # Not finished: follow the log whatever the state says. A TrainJob never says Running and a PyTorchJob
+        # says Restarting while its master comes back; master_log yields nothing until a master pod has started.
+        try:
+            for seen, line in cluster.master_log(name, mark):
+                print(line, file=out or sys.stdout, flush=True)
+                mark = seen
+        except Exception as exc:  # noqa: BLE001 - any break of the stream (HTTP, API, connection): the job still runs
+            log.warning("the log stream of %s %s broke (%s: %s): reconnecting", kind, name,
+                        type(exc).__name__, exc)
         time.sleep(poll_seconds)
 
 
@@ -436,14 +467,25 @@ def since_seconds(after: str | None, now: datetime) -> int | None:
     return max(1, math.ceil((now - then).total_seconds()) + 1)
 
 
+def refusal(kind: str, name: str, status_body: str | None) -> str:
+    """What to say when the API server refuses to create a job (its Status body as sent): its message, and for an
+    unknown field (strict field validation) the operator version these manifests are written for."""
+    try:
+        message = str(json.loads(status_body or "").get("message") or status_body)
+    except (ValueError, AttributeError):
+        message = str(status_body)
+    hint = f"; {kind} manifests are written for {OPERATORS[kind]}" if "unknown field" in message else ""
+    return f"the API server refused {kind} {name}: {message}{hint}"
+
+
 class KubernetesJobs:
     """PyTorchJobs (Training Operator v1) or TrainJobs (Trainer v2) of one namespace, through the API server."""
 
-    def __init__(self, namespace: str, v2: bool) -> None:
+    def __init__(self, namespace: str, v2: bool, api_client: Any = None) -> None:
         from kubernetes import client
 
         self.namespace, self.v2 = namespace, v2
-        self.api, self.core = client.CustomObjectsApi(), client.CoreV1Api()
+        self.api, self.core = client.CustomObjectsApi(api_client), client.CoreV1Api(api_client)
         group, version, plural = ("trainer.kubeflow.org", "v1alpha1", "trainjobs") if v2 else ("kubeflow.org", "v1", "pytorchjobs")
         self.resource = (group, version, namespace, plural)  # the custom-object calls' leading arguments
 
@@ -458,7 +500,14 @@ class KubernetesJobs:
             raise
 
     def create(self, manifest: dict[str, Any]) -> None:
-        self.api.create_namespaced_custom_object(*self.resource, manifest)
+        from kubernetes.client.exceptions import ApiException
+
+        try:  # Strict: a field the cluster's CRD does not know is an error, not silently dropped (the default, Warn)
+            self.api.create_namespaced_custom_object(*self.resource, manifest, field_validation="Strict")
+        except ApiException as exc:
+            if exc.status in (400, 422):  # BadRequest (unknown field), Invalid (schema, CEL rules, Trainer's webhook)
+                raise RuntimeError(refusal(manifest["kind"], manifest["metadata"]["name"], exc.body)) from exc
+            raise
 
     def delete(self, name: str) -> None:
         from kubernetes import client
@@ -477,7 +526,8 @@ class KubernetesJobs:
                 self.api.list_namespaced_custom_object(*self.resource, label_selector=selector)["items"]]
 
     def master_log(self, name: str, after: str | None) -> Iterator[tuple[str, str]]:
-        selector = (f"jobset.sigs.k8s.io/jobset-name={name},batch.kubernetes.io/job-completion-index=0" if self.v2
+        selector = (f"jobset.sigs.k8s.io/jobset-name={name},jobset.sigs.k8s.io/replicatedjob-name={NODE_JOB},"
+                    "batch.kubernetes.io/job-completion-index=0" if self.v2
                     else f"training.kubeflow.org/job-name={name},training.kubeflow.org/replica-type=master")
         pods = [pod for pod in self.core.list_namespaced_pod(self.namespace, label_selector=selector).items
                 if pod.status.phase in ("Running", "Succeeded", "Failed")]
@@ -499,7 +549,7 @@ def run_trainjob(stage: TrainingStage, step: str, model: str, data: list[str], o
     """Create the job in this pod's namespace (or re-attach to the one an earlier attempt of this task created),
     stream its master's log, return when it succeeds, raise when it fails.
 
-    KLEAR_TRAINER_API=v2 makes a TrainJob (Kubeflow Trainer >= v2.1, runtime KLEAR_TRAINER_RUNTIME), anything
+    KLEAR_TRAINER_API=v2 makes a TrainJob (Kubeflow Trainer >= v2.2, runtime KLEAR_TRAINER_RUNTIME), anything
     else a PyTorchJob (Training Operator v1)."""
     from kubernetes import client, config
 
