@@ -80,7 +80,7 @@ MODEL_8B_POD = ("1", "16", "128Gi")
 JUDGE_CPU, JUDGE_MEMORY = "16", "64Gi"  # a judging pod: one verifier worker per core
 RUN_ID_LABEL = "metadata.labels['pipeline/runid']"  # set by the KFP backend on every pod of a run
 # Kubeflow Trainer settings of multi-node training, fixed when compiling: KLEAR_TRAINER_API=v2 makes TrainJobs
-# (Trainer >= v2.1) on the runtime KLEAR_TRAINER_RUNTIME; otherwise PyTorchJobs (Training Operator v1).
+# (Trainer >= v2.2) on the runtime KLEAR_TRAINER_RUNTIME; otherwise PyTorchJobs (Training Operator v1).
 TRAINER_SETTINGS = {key: os.environ[key] for key in (API_ENV, RUNTIME_ENV) if os.environ.get(key)}
 
 

@@ -275,7 +275,7 @@ def test_training_runtime_labels_its_pods(rendered: dict[str, list[dict[str, Any
     runtime = find(rendered["scheduled"], "ClusterTrainingRuntime")
     assert "namespace" not in runtime["metadata"]
     node = runtime["spec"]["template"]["spec"]["replicatedJobs"][0]
-    assert node["name"] == "node"  # TrainJob's podSpecOverrides target this name (klear.training.trainjob)
+    assert node["name"] == "node"  # TrainJob's runtimePatches target this name (klear.training.trainjob)
     assert node["template"]["spec"]["template"]["metadata"]["labels"] == {"klear.io/runs-untrusted-code": "true"}
     assert node["template"]["spec"]["template"]["spec"]["containers"][0]["name"] == "node"
 
