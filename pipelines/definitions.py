@@ -6,6 +6,9 @@
     klear-<stage>    one stage alone, its inputs imported from URIs, to rerun it on an earlier run's artifacts:
                      curate, sample, judge, sft-data, sft, rl-filter, gppo-math, gppo-code, evaluate
 
+klear-reasoner runs inside an exit handler: its last task, however the run ended, reports the outcome (succeeded or
+failed and why, scores, report, model, MLflow run) as its Markdown summary, and to a webhook (`_reports_outcome`).
+
 `make demo` runs klear-reasoner itself, on the demo's synthetic sources and tiny model with the tiny presets
 (pipelines/demo.py); there is no separate demo wiring.
 
@@ -21,7 +24,10 @@ keyed with a content digest of what it reads by URI (`_digest`), so a new run re
 and settings are unchanged; the `recompute` parameter forces them to run again.
 """
 
+import functools
+import inspect
 import os
+import textwrap
 from typing import NamedTuple
 
 from kfp import dsl
@@ -43,6 +49,8 @@ from klear.common.kfp_io import (
     SCRATCH_PATH,
 )
 from klear.common.lineage import TASK_ENV as TASK_POD_ENV
+from klear.common.notify import MLFLOW_URI_ENV, NOTIFY_SECRET, SECRET_KEY_TO_ENV
+from klear.common.outcome_component import run_outcome
 from klear.common.tracking import TRACKING_SECRET, TRACKING_SECRET_KEYS
 from klear.curate.component import OVERRIDE_KEYS as CURATE_KEYS
 from klear.curate.component import curate
@@ -303,7 +311,7 @@ def _after_all(first: dsl.PipelineTask) -> None:
 
     pipeline = pipeline_context.Pipeline.get_default_pipeline()
     for task in list(pipeline.tasks.values()):
-        if task is not first:
+        if task is not first and not getattr(task, "is_exit_handler", False):  # an exit task depends on nothing
             task.after(first)
 
 
@@ -338,6 +346,59 @@ def _listing_keys(**keys: str):
     return add
 
 
+def _with_argument(doc: str, name: str, text: str) -> str:
+    """`doc` with one more entry at the end of its `Args:` section (the pipeline's run form shows it)."""
+    lines = doc.rstrip().splitlines()
+    (start,) = [i for i, line in enumerate(lines) if line.strip() == "Args:"]
+    indent = len(lines[start]) - len(lines[start].lstrip())
+    end = next((i for i in range(start + 1, len(lines))
+                if lines[i].strip() and len(lines[i]) - len(lines[i].lstrip()) <= indent), len(lines))
+    entry = textwrap.wrap(f"{name}: {text}", 110, initial_indent=" " * (indent + 4),
+                          subsequent_indent=" " * (indent + 8), break_on_hyphens=False)
+    return "\n".join([*lines[:end], *entry, *lines[end:]]) + "\n" + " " * indent
+
+
+def _reports_outcome(pipeline: str):
+    """The pipeline's whole body inside a `dsl.ExitHandler` whose exit task (klear.common.outcome_component) runs
+    after the last task, however the run ended: it publishes the run's outcome as its Markdown summary and posts it
+    to the webhook of the notify Secret, which a `notify_secret` parameter (added here) names. KFP takes no output
+    out of an ExitHandler, so the body's RecipeOutputs become the exit task's, which finds them on storage."""
+
+    def wrap(func):
+        signature = inspect.signature(func)
+        secret = inspect.Parameter("notify_secret", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=NOTIFY_SECRET,
+                                   annotation=str)
+        reporting = signature.replace(parameters=[*signature.parameters.values(), secret])
+
+        @functools.wraps(func)
+        def body(*args):
+            from kfp import kubernetes
+
+            arguments = reporting.bind(*args).arguments
+            notify_secret = arguments.pop("notify_secret")
+            outcome = run_outcome(pipeline=pipeline, run_root=arguments["run_root"])
+            outcome.set_display_name("outcome: summary and notification").set_caching_options(False)
+            kubernetes.use_secret_as_env(outcome, secret_name=notify_secret, secret_key_to_env=SECRET_KEY_TO_ENV,
+                                         optional=True)
+            kubernetes.use_secret_as_env(outcome, secret_name=TRACKING_SECRET,  # the MLflow address, for links
+                                         secret_key_to_env={MLFLOW_URI_ENV: MLFLOW_URI_ENV}, optional=True)
+            _on_cluster(outcome, "1", "2Gi")
+            with dsl.ExitHandler(outcome, name=pipeline):
+                returned = func(**arguments)
+            if not isinstance(returned, RecipeOutputs):
+                raise TypeError(f"{pipeline}: _reports_outcome hands out RecipeOutputs, the body returned {returned!r}")
+            return RecipeOutputs(model=outcome.outputs["model"], report=outcome.outputs["report"])
+
+        body.__signature__ = reporting  # type: ignore[attr-defined]
+        body.__doc__ = _with_argument(func.__doc__ or "", "notify_secret", (
+            "The Secret whose keys `webhook-url` (a Slack-compatible incoming webhook) and `kfp-ui-url` (this "
+            "Kubeflow UI, for a link to the run) the exit task reads; missing, or without a webhook-url: the outcome "
+            "is only the run's summary (the chart's notifications values)."))
+        return body
+
+    return wrap
+
+
 @dsl.pipeline(name="klear-reasoner", display_name="Klear-Reasoner: the whole recipe",
               description="Klear-Reasoner post-training recipe (arXiv 2508.07629)")
 @_listing_keys(curate_overrides=CURATE_KEYS, teacher_overrides=SAMPLE_KEYS, reference_overrides=SAMPLE_KEYS,
@@ -345,6 +406,7 @@ def _listing_keys(**keys: str):
                 sft_overrides=SFT_KEYS, rl_filter_math_overrides=RL_FILTER_KEYS, rl_filter_code_overrides=RL_FILTER_KEYS,
                 gppo_math_overrides=GPPO_KEYS, gppo_code_overrides=GPPO_KEYS, evaluate_overrides=EVALUATE_KEYS,
                 eval_sample_overrides=SAMPLE_KEYS)
+@_reports_outcome("klear-reasoner")
 def klear_pipeline(
     sources_uri: str,
     source_files: list,
@@ -623,6 +685,7 @@ def klear_pipeline(
                   "evaluate: AIME / HMMT / LiveCodeBench", code=eval_samples("code"), folder="evaluate-code",
                   cpu=judge_cpu)
     _after_all(first)
+    # What the run hands out; from inside the ExitHandler, _reports_outcome's exit task hands them out from storage.
     return RecipeOutputs(model=code_rl.outputs["model"], report=math_evaluation.outputs["report"])
 
 

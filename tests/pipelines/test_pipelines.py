@@ -47,7 +47,7 @@ def test_every_pipeline_compiles_and_loads_back(compiled: Path) -> None:
 
 def test_the_recipe_is_wired_in_the_papers_order(compiled: Path) -> None:
     spec = validate(compiled / "klear-reasoner.yaml")
-    tasks = spec.root.dag.tasks
+    tasks = _body_tasks(spec)
     named = {prefix: _task_named(spec, prefix) for prefix in (
         "curate", "sample: teacher", "sample: reference", "sft-data", "sft:", "sample: filter-math",
         "sample: filter-code", "rl-filter: math", "rl-filter: code", "math RL: GPPO", "code RL: GPPO",
@@ -87,7 +87,7 @@ def test_the_recipe_is_wired_in_the_papers_order(compiled: Path) -> None:
 def test_cluster_settings_survive_compilation(compiled: Path) -> None:
     """Images, GPU requests, secrets, retries, caching, the untrusted-code label: what a cluster needs."""
     spec = validate(compiled / "klear-reasoner.yaml")
-    tasks = spec.root.dag.tasks
+    tasks = _body_tasks(spec)
     text = (compiled / "klear-reasoner.yaml").read_text()
     assert "klear-s3" in text and "AWS_SECRET_ACCESS_KEY" in text and "AWS_REGION" in text
     assert "klear-endpoint" in text and "OPENAI_API_KEY" in text  # the teacher's key, optional
@@ -95,7 +95,8 @@ def test_cluster_settings_survive_compilation(compiled: Path) -> None:
     teacher_executor = spec.components[tasks[_task_named(spec, "sample: teacher")].component_ref.name].executor_label
     (key,) = [s for s in _kubernetes_executors(compiled / "klear-reasoner.yaml")[teacher_executor]["secretAsEnv"]
               if s["keyToEnv"][0]["secretKey"] == "api-key"]
-    assert key["secretNameParameter"] == {"componentInputParameter": "teacher_key_secret"} and key["optional"]
+    assert key["secretNameParameter"]["componentInputParameter"].removeprefix("pipelinechannel--") == (
+        "teacher_key_secret") and key["optional"]
     assert "klear.io/runs-untrusted-code" in text
     assert "klear-gpu:" in text and "klear-cpu:" in text
     for prefix in ("sample: teacher", "sft:", "math RL: GPPO"):
@@ -108,12 +109,22 @@ def test_cluster_settings_survive_compilation(compiled: Path) -> None:
         assert task.caching_options.enable_cache, prefix
         digest = tasks[task.inputs.parameters["input_digest"].task_output_parameter.producer_task]
         assert not digest.caching_options.enable_cache, prefix
-        assert digest.inputs.parameters["recompute"].component_input_parameter == "recompute", prefix
+        assert _pipeline_input(digest.inputs.parameters["recompute"]) == "recompute", prefix
+
+
+def _body_tasks(spec) -> dict[str, Any]:
+    """The tasks at the top of the pipeline's body: the root DAG's, and those of the exit handler group that holds
+    the whole body of a pipeline that reports its outcome (klear-reasoner)."""
+    tasks = dict(spec.root.dag.tasks)
+    for name, task in spec.root.dag.tasks.items():
+        if name.startswith("exit-handler-"):
+            tasks |= dict(spec.components[task.component_ref.name].dag.tasks)
+    return tasks
 
 
 def _task_named(spec, display_prefix: str) -> str:
     """The task (by its name in the DAG) whose display name starts with `display_prefix`; exactly one."""
-    found = [name for name, task in spec.root.dag.tasks.items() if task.task_info.name.startswith(display_prefix)]
+    found = [name for name, task in _body_tasks(spec).items() if task.task_info.name.startswith(display_prefix)]
     assert len(found) == 1, (display_prefix, found)
     return found[0]
 
@@ -130,7 +141,7 @@ def test_training_resources_are_run_time_parameters(compiled: Path) -> None:
         assert inputs[name].parameter_type == pipeline_spec_pb2.ParameterType.STRING, name
     assert inputs["sft_gpus_per_node"].default_value.string_value == "8"
     executors = full.deployment_spec.fields["executors"].struct_value.fields
-    tasks = full.root.dag.tasks
+    tasks = _body_tasks(full)
 
     def container(task: str) -> dict:
         executor = full.components[tasks[task].component_ref.name].executor_label
@@ -142,14 +153,14 @@ def test_training_resources_are_run_time_parameters(compiled: Path) -> None:
                         in tasks[training].inputs.parameters.items()
                         if parameter.task_output_parameter.producer_task and key != "input_digest"}
         assert size_name.startswith("launcher-resources") and size_name in tasks[training].dependent_tasks
-        assert tasks[size_name].inputs.parameters["gpus_per_node"].component_input_parameter == gpus
-        assert tasks[size_name].inputs.parameters["nodes"].component_input_parameter == nodes
+        assert _pipeline_input(tasks[size_name].inputs.parameters["gpus_per_node"]) == gpus
+        assert _pipeline_input(tasks[size_name].inputs.parameters["nodes"]) == nodes
         resources = container(training)["resources"]
         assert resources["accelerator"]["resourceCount"] == (
             f"{{{{$.inputs.parameters['pipelinechannel--{size_name}-gpus']}}}}")
         assert resources["resourceCpuLimit"] == f"{{{{$.inputs.parameters['pipelinechannel--{size_name}-cpu']}}}}"
         # The component launches as many processes per node as the pipeline parameter says.
-        assert tasks[training].inputs.parameters["gpus_per_node"].component_input_parameter == gpus
+        assert _pipeline_input(tasks[training].inputs.parameters["gpus_per_node"]) == gpus
         assert tasks[training].retry_policy.max_retry_count == 3
     assert tuple(launcher_resources.python_func(nodes=1, gpus_per_node="8", cpu="64", memory="512Gi")) == (
         "8", "64", "512Gi")
@@ -186,8 +197,11 @@ def test_pods_know_their_run_and_training_pods_their_image_and_scheduling(compil
     for executor in ("exec-sft", "exec-gppo", "exec-gppo-2"):
         fields = {e["name"]: e["fieldPath"] for e in platform[executor]["fieldPathAsEnv"]}
         assert fields["KLEAR_POD_NAME"] == "metadata.name" and "KLEAR_POD_UID" not in fields
-        assert platform[executor]["nodeSelector"]["nodeSelectorJson"]["componentInputParameter"] == "gpu_node_selector"
-        assert platform[executor]["tolerations"][0]["tolerationJson"]["componentInputParameter"] == "gpu_tolerations"
+        selector = platform[executor]["nodeSelector"]["nodeSelectorJson"]["componentInputParameter"]
+        tolerations = platform[executor]["tolerations"][0]["tolerationJson"]["componentInputParameter"]
+        # Inside the run's exit handler a pipeline parameter is a `pipelinechannel--` of the sub-DAG.
+        assert selector.removeprefix("pipelinechannel--") == "gpu_node_selector"
+        assert tolerations.removeprefix("pipelinechannel--") == "gpu_tolerations"
         container = document["deploymentSpec"]["executors"][executor]["container"]
         env = {e["name"]: e["value"] for e in container["env"]}
         assert env["KLEAR_TRAIN_IMAGE"] == container["image"] and "klear-gpu" in container["image"]
@@ -299,10 +313,10 @@ def test_every_stage_task_takes_overrides_from_a_run_time_parameter(compiled: Pa
             else:
                 assert _pipeline_input(given) in parameters, (name, tname, given)
     recipe = validate(compiled / "klear-reasoner.yaml")
-    wired = {prefix: _pipeline_input(recipe.root.dag.tasks[_task_named(recipe, prefix)].inputs.parameters["overrides"])
+    wired = {prefix: _pipeline_input(_body_tasks(recipe)[_task_named(recipe, prefix)].inputs.parameters["overrides"])
              for prefix in RECIPE_OVERRIDES}
     assert wired == RECIPE_OVERRIDES
-    prompts = recipe.root.dag.tasks[_task_named(recipe, "evaluate: benchmark prompts")]
+    prompts = _body_tasks(recipe)[_task_named(recipe, "evaluate: benchmark prompts")]
     assert _pipeline_input(prompts.inputs.parameters["sampling_overrides"]) == "eval_sample_overrides"
     (code_evaluate,) = [t for t in _all_tasks(recipe).values()
                         if t.task_info.name.startswith("evaluate: AIME / HMMT /")]
@@ -344,7 +358,7 @@ def test_cached_tasks_key_on_the_content_of_what_they_read(compiled: Path) -> No
     for name in STAGE_PIPELINES:
         spec = validate(compiled / f"{name}.yaml")
         kinds = _executor_kinds(spec)
-        tasks = spec.root.dag.tasks
+        tasks = _body_tasks(spec)
         cached = [tname for tname, task in tasks.items() if task.caching_options.enable_cache
                   and kinds[spec.components[task.component_ref.name].executor_label] == "container"]
         assert cached or name in ("klear-sample", "klear-sft", "klear-gppo-math", "klear-gppo-code"), name

@@ -17,9 +17,10 @@ from klear.sample.config import SampleConfig
 from pipelines.compile import compile_all
 from tests.commands import klear
 
-# Components KFP itself generates (a loop's or a condition's body, an importer): their inputs are not ours to describe.
-GENERATED = re.compile(r"^comp-(for-loop|condition|importer)(-\d+)?$")
-KFP_NAMES = re.compile(r"^(for-loop|condition)-\d+$")
+# Components KFP itself generates (a loop's, a condition's or an exit handler's body, an importer): their inputs are
+# not ours to describe.
+GENERATED = re.compile(r"^comp-(for-loop|condition|exit-handler|importer)(-\d+)?$")
+KFP_NAMES = re.compile(r"^(for-loop|condition|exit-handler)-\d+$")
 
 
 @pytest.fixture(scope="module")
