@@ -61,6 +61,7 @@ from klear.gppo.component import gppo
 from klear.judge.component import OVERRIDE_KEYS as JUDGE_KEYS
 from klear.judge.component import judge, judge_slice
 from klear.plan.component import plan_run, plan_stage
+from klear.register.component import register
 from klear.rl_filter.component import OVERRIDE_KEYS as RL_FILTER_KEYS
 from klear.rl_filter.component import rl_filter
 from klear.sample.component import OVERRIDE_KEYS as SAMPLE_KEYS
@@ -304,6 +305,21 @@ def _evaluate(models: dict, benchmark_uris, preset, overrides, run_root, digest,
     return _runs_untrusted_code(_deterministic(task, cpu))
 
 
+def _register(what: str, model, evaluation, name, suffix: str, kubeflow_registry) -> dsl.PipelineTask:
+    """Register a trained model by reference in MLflow's Model Registry (the tracking Secret's address and
+    credentials), and in the Kubeflow Model Registry when its address is given. Never cached: the registries live
+    outside KFP's cache, and registering the same content again adds nothing, so a retried pod is harmless too."""
+    from kfp import kubernetes
+
+    task = register(model=model, evaluation=evaluation, name=name, name_suffix=suffix,
+                    kubeflow_registry=kubeflow_registry)
+    task.set_display_name(f"register: {what}").set_caching_options(False)
+    task.set_retry(num_retries=3, backoff_duration="60s", backoff_factor=2)
+    kubernetes.use_secret_as_env(task, secret_name=TRACKING_SECRET, secret_key_to_env={k: k for k in TRACKING_SECRET_KEYS},
+                                 optional=True)
+    return _on_cluster(task, "1", "2Gi")
+
+
 def _after_all(first: dsl.PipelineTask) -> None:
     """Every other task of the pipeline being defined runs after `first` (the plan): each task's own dependency,
     so no importer, digest or slice list starts before the plan has passed."""
@@ -481,6 +497,9 @@ def klear_pipeline(
     plan_cluster: str = "h100-80gb-x8",
     plan_gpu_quota: int = 0,
     recompute: str = "",
+    register_model_name: str = "",
+    register_sft: bool = False,
+    register_kubeflow_registry: str = "",
 ) -> RecipeOutputs:
     """The whole recipe: curated prompts, teacher traces, SFT, filtered RL data, math then code RL, evaluation.
 
@@ -575,6 +594,13 @@ def klear_pipeline(
         recompute: Any new text (e.g. a date) makes this run sample, judge and train anew instead of reusing the
             results of earlier runs with the same inputs and settings (KFP's cache, keyed by content digests that
             fold this text in, and the work areas keyed by them); runs with the same text share results.
+        register_model_name: After the evaluation, register the final (code RL) model under this name in MLflow's
+            Model Registry (the tracking Secret's MLflow server): a version per model content, its source the model's
+            location, with its lineage, scores and card; the scores and report also go into its training run. "" =
+            no registration.
+        register_sft: Also register the SFT model, as <register_model_name>-sft (needs register_model_name).
+        register_kubeflow_registry: Also register in the Kubeflow Model Registry at this address, e.g.
+            https://model-registry-service.kubeflow.svc:8443 ("" = MLflow only; needs register_model_name).
     """
     first = plan_run(cluster=plan_cluster, base_model_uri=base_model_uri, reference_model_uri=reference_model_uri,
                      teacher_model_uri=teacher_model_uri, curate_preset=curate_preset,
@@ -684,6 +710,13 @@ def klear_pipeline(
         _evaluate(math_samples, benchmark_uris, evaluate_preset, evaluate_overrides, run_root, benchmarks,
                   "evaluate: AIME / HMMT / LiveCodeBench", code=eval_samples("code"), folder="evaluate-code",
                   cpu=judge_cpu)
+    # On request, the trained models into the model registries, with the scores of the evaluation.
+    with dsl.If(register_model_name != "", name="register-model"):
+        _register("final model", code_rl.outputs["model"], math_evaluation.outputs["scores"], register_model_name, "",
+                  register_kubeflow_registry)
+        with dsl.If(register_sft == True, name="register-sft"):  # noqa: E712 - a pipeline condition, compiled
+            _register("SFT model", tuned.outputs["model"], math_evaluation.outputs["scores"], register_model_name,
+                      "-sft", register_kubeflow_registry)
     _after_all(first)
     # What the run hands out; from inside the ExitHandler, _reports_outcome's exit task hands them out from storage.
     return RecipeOutputs(model=code_rl.outputs["model"], report=math_evaluation.outputs["report"])

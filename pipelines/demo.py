@@ -1,6 +1,7 @@
 """`make demo`: the klear-reasoner pipeline end to end on this machine's CPU, with a tiny model that learns.
 
     python -m pipelines.demo [--workdir runs/demo] [--no-s3] [--quick] [--reuse] [--arg KEY=VALUE ...]
+                             [--tracking-uri URI [--register-name NAME]]
 
 1. Starts a real SeaweedFS S3 server on loopback (the pip-installed `weed`) and puts every stage output
    there; `--no-s3` (or KLEAR_DEMO_NO_S3=1) uses plain folders under the workdir instead.
@@ -16,6 +17,11 @@
    RL's validation curve), "seconds": {stage: s, ...}} (percent), and
    <workdir>/lineage.json (.txt): the chain from that evaluation back to the demo's sources (`klear lineage`),
    and <workdir>/model-card.md: the RL model's card (README.md in its folder) with those scores.
+
+`--tracking-uri URI` (an MLflow tracking server; credentials, if any, in the environment as for training) makes SFT and
+both RL runs report to MLflow (experiment MLFLOW_EXPERIMENT_NAME, default klear-demo) and registers the RL and SFT
+models as the pipeline's last steps (`register_model_name`: `--register-name`, default klear-demo, and
+klear-demo-sft), with the evaluation's scores; the versions go into summary.json under "registered".
 
 `--reuse` runs as a second run of a cluster does: the same store, inputs and run root as the workdir's earlier
 `--reuse` demo, with KFP's cache on, so every task whose inputs and settings are unchanged is served from the
@@ -67,6 +73,8 @@ QUICK: dict[str, Any] = {"gppo_math_overrides": ["max_steps=40"]}
 # demo protocol (k 2: a few seconds a call), at step 0 and every 20 steps; the curve goes into summary.json.
 VALIDATION_PROBLEMS = 32
 VALIDATION = ["val_every=20", "val_config=demo", "val_overrides=[benchmarks.demo.k=2]"]
+# With --tracking-uri: the training stages report to MLflow as well, so the registered versions link their runs.
+TRACKED = "report_to=tensorboard,mlflow"
 
 
 @contextlib.contextmanager
@@ -112,7 +120,9 @@ def prepare_inputs(root: str, again: bool = False) -> dict[str, str]:
     return {"data": data, "model": model, "benchmark": benchmark, "validation": validation}
 
 
-def pipeline_arguments(inputs: dict[str, str], run_root: str, quick: bool) -> dict[str, Any]:
+def pipeline_arguments(inputs: dict[str, str], run_root: str, quick: bool, register: str = "") -> dict[str, Any]:
+    """The klear-reasoner arguments of the demo; `register`: the name to register the RL model under (its training
+    runs reporting to MLflow too), "" for none."""
     arguments: dict[str, Any] = {
         "sources_uri": inputs["data"], "source_files": SOURCE_FILES, "base_model_uri": inputs["model"],
         "reference_model_uri": inputs["model"], "rl_math_uri": f"{inputs['data']}/arithmetic.jsonl",
@@ -121,7 +131,22 @@ def pipeline_arguments(inputs: dict[str, str], run_root: str, quick: bool) -> di
     }
     arguments = {**arguments, **(QUICK if quick else {})}
     validation = [f"val_data=[{inputs['validation']}]", *VALIDATION]
-    return {**arguments, "gppo_math_overrides": [*validation, *arguments.get("gppo_math_overrides", [])]}
+    arguments = {**arguments, "gppo_math_overrides": [*validation, *arguments.get("gppo_math_overrides", [])]}
+    if register:
+        arguments |= {"register_model_name": register, "register_sft": True,
+                      **{key: [*arguments.get(key, []), TRACKED]
+                         for key in ("sft_overrides", "gppo_math_overrides", "gppo_code_overrides")}}
+    return arguments
+
+
+def registered_versions(tracking_uri: str, names: list[str]) -> list[dict[str, str]]:
+    """The registered versions of `names` on the MLflow server (newest first): version, source, training run."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+    found = [version for name in names for version in client.search_model_versions(f"name = '{name}'")]
+    return [{"name": str(v.name), "version": str(v.version), "source": str(v.source), "run_id": v.run_id or ""}
+            for v in sorted(found, key=lambda v: (v.name, -int(v.version)))]
 
 
 def run_names(run_root: str) -> list[str]:
@@ -205,6 +230,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="the store, inputs and run root of the workdir's earlier --reuse demo, KFP's cache on")
     parser.add_argument("--arg", action="append", default=[], metavar="KEY=VALUE",
                         help="a pipeline argument (JSON value, else a string), e.g. gppo_code_overrides='[\"seed=1\"]'")
+    parser.add_argument("--tracking-uri", default="", metavar="URI",
+                        help="an MLflow tracking server: training reports to it, and the RL and SFT models are registered "
+                             "there as the last steps")
+    parser.add_argument("--register-name", default="klear-demo", help="registered model name (with --tracking-uri)")
     args = parser.parse_args(argv)
     changed = dict(_argument(text) for text in args.arg)
     # A stopped demo (Ctrl-C, `kill`) still stops the S3 server it started: SIGTERM unwinds like Ctrl-C.
@@ -213,6 +242,10 @@ def main(argv: list[str] | None = None) -> int:
     from pipelines.compile import compile_all
     from pipelines.run_local import run_compiled
 
+    register = args.register_name if args.tracking_uri else ""
+    if args.tracking_uri:  # kfp.local's tasks inherit the environment: the training stages and the register task
+        os.environ["MLFLOW_TRACKING_URI"] = args.tracking_uri
+        os.environ.setdefault("MLFLOW_EXPERIMENT_NAME", "klear-demo")
     started = time.time()
     compile_all()  # the DAG as the code defines it now, as `make pipeline` writes it
     with object_store(args.workdir, not args.no_s3) as root:
@@ -220,8 +253,8 @@ def main(argv: list[str] | None = None) -> int:
         inputs = prepare_inputs(root, again=args.reuse)
         run_root = f"{root}/runs"
         earlier = set(run_names(run_root))
-        run_compiled("klear-reasoner", args.workdir, {**pipeline_arguments(inputs, run_root, args.quick), **changed},
-                     cache=args.reuse)
+        run_compiled("klear-reasoner", args.workdir,
+                     {**pipeline_arguments(inputs, run_root, args.quick, register), **changed}, cache=args.reuse)
         (new_run,) = set(run_names(run_root)) - earlier
         run = storage.Uri.parse(run_root).join(new_run)
         evaluated = newest_output(run_root, "evaluate")
@@ -233,6 +266,8 @@ def main(argv: list[str] | None = None) -> int:
         report_html = args.workdir / "report.html"
         report_html.write_bytes(storage.read_bytes(evaluated.join("report.html")))
         write_lineage(str(evaluated), args.workdir)
+        if register:
+            summary["registered"] = registered_versions(args.tracking_uri, [register, f"{register}-sft"])
         print(storage.read_bytes(evaluated.join("report.md")).decode())
     (args.workdir / "summary.json").write_text(json.dumps(summary, indent=2))
     print(_table(summary))
@@ -246,6 +281,9 @@ def _table(summary: dict[str, Any]) -> str:
     lines += ["", "| stage | seconds |", "|---|---|"]
     lines += [f"| {stage} | {s:.0f} |" for stage, s in summary["seconds"].items()]
     lines += [f"| {stage} | reused from run {run} |" for stage, run in summary.get("reused", {}).items()]
+    if summary.get("registered"):
+        lines += ["", "| registered model | version | source |", "|---|---|---|"]
+        lines += [f"| {v['name']} | {v['version']} | {v['source']} |" for v in summary["registered"]]
     return "\n".join(lines)
 
 

@@ -22,7 +22,7 @@ import pytest
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from pipelines import local_s3 as s3server
-from tests.processes import alive
+from tests.processes import alive, served_on_loopback
 
 # Every process this session starts inherits the marker (a worker keeps it: it is no secret); one still running at
 # the end is a leak, such as a worker stuck in an item that outlived its killed stage. Always a new one: a pytest
@@ -92,6 +92,32 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> str:
 
     build(str(out))
     return str(out)
+
+
+MLFLOW = Path(__file__).resolve().parent.parent / ".venv-mlflow" / "bin" / "mlflow"
+
+
+def mlflow_server_binary() -> Path:
+    """The MLflow server of `make install-mlflow`; missing: a skip with the reason, a failure in CI."""
+    if not MLFLOW.is_file():
+        message = f"{MLFLOW} missing: `make install-mlflow` builds the MLflow server's own environment"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    return MLFLOW
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real MLflow tracking server on loopback (SQLite store, proxied artifacts), one per session: each test
+    uses experiments and registered models of its own names."""
+    binary = mlflow_server_binary()
+    root = tmp_path_factory.mktemp("mlflow")
+    port = free_port()
+    command = [str(binary), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+               "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}", "--artifacts-destination", str(root / "artifacts")]
+    with served_on_loopback(command, None, root / "server.log", port, "mlflow server", 120, api_path="") as url:
+        yield url
 
 
 @pytest.fixture(scope="session")

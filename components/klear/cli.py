@@ -29,6 +29,7 @@ COMMANDS = {
     "verify-code": "klear.verifiers.cli",
     "reward": "klear.gppo.reward_command",  # a tool: a GPPO reward configuration on given rollouts
     "lineage": "klear.common.lineage",  # a tool, not a stage: reads manifests only
+    "register": "klear.register.stage",  # not a stage: publishes nothing, registers a published model by reference
     "plan": "klear.plan.command",  # a tool, not a stage: checks a compiled pipeline's arguments, on CPU
 }
 

@@ -42,6 +42,8 @@ ALLOWED: dict[str, set[str]] = {
     # verifiers: the report states the judging rules the verifier settings give.
     "evaluate": {"common", "judge", "sample", "testsets", "verifiers"},
     "cli": {"common"},
+    # register: reads published models and evaluations (manifests, cards, lineage) and writes to model registries.
+    "register": {"common"},
     # plan: a tool that loads every stage's config (config modules only) and checks them together; torch-free.
     # training: the attention implementation the GPU image resolves (hf_model.resolve_attention; torch imported
     # only inside its functions).

@@ -278,6 +278,32 @@ def _pipeline_input(parameter) -> str:
     return parameter.component_input_parameter.removeprefix("pipelinechannel--")
 
 
+def test_the_trained_models_are_registered_on_request_after_the_evaluation(compiled: Path) -> None:
+    """register_model_name switches on the final model's registration (register_sft the SFT model's too, as
+    <name>-sft) with the evaluation's scores; never cached (the registries are outside KFP's cache), retried, with
+    the tracking Secret's MLflow address and credentials."""
+    spec = validate(compiled / "klear-reasoner.yaml")
+    tasks = _all_tasks(spec)
+    (switch,) = [t for t in spec.root.dag.tasks.values() if t.task_info.name == "register-model"]
+    assert "register_model_name'] != ''" in switch.trigger_policy.condition
+    code_rl, sft, evaluation = (_task_named(spec, prefix) for prefix in ("code RL: GPPO", "sft:", "evaluate: AIME / HMMT"))
+    assert {code_rl, sft, evaluation} <= set(switch.dependent_tasks)
+    (inner,) = [t for t in tasks.values() if t.task_info.name == "register-sft"]
+    assert "register_sft'] == true" in inner.trigger_policy.condition
+    executors = _kubernetes_executors(compiled / "klear-reasoner.yaml")
+    for display, model, suffix in (("register: final model", code_rl, ""), ("register: SFT model", sft, "-sft")):
+        (task,) = [t for t in tasks.values() if t.task_info.name == display]
+        assert task.component_ref.name.startswith("comp-register")
+        assert task.inputs.artifacts["model"].component_input_artifact == f"pipelinechannel--{model}-model"
+        assert task.inputs.artifacts["evaluation"].component_input_artifact == f"pipelinechannel--{evaluation}-scores"
+        assert _pipeline_input(task.inputs.parameters["name"]) == "register_model_name"
+        assert task.inputs.parameters["name_suffix"].runtime_value.constant.string_value == suffix
+        assert _pipeline_input(task.inputs.parameters["kubeflow_registry"]) == "register_kubeflow_registry"
+        assert not task.caching_options.enable_cache and task.retry_policy.max_retry_count == 3
+        executor = spec.components[task.component_ref.name].executor_label
+        assert [s["secretName"] for s in executors[executor]["secretAsEnv"] if s.get("optional")] == ["klear-tracking"]
+
+
 # klear-reasoner: the pipeline parameter of each stage task's overrides (display-name prefix -> parameter).
 RECIPE_OVERRIDES = {
     "curate": "curate_overrides", "sample: teacher": "teacher_overrides", "sample: reference": "reference_overrides",
@@ -343,6 +369,11 @@ def test_the_demo_passes_only_parameters_the_recipe_takes(compiled: Path) -> Non
         assert "val_data=[s3://b/inputs/validation/demo_benchmark.jsonl]" in math
         assert [o for o in math if not o.startswith("val_")] == (["max_steps=40"] if quick else [])
         assert arguments.get("gppo_code_overrides", []) == []
+    # --tracking-uri: the models registered at the end, their training runs reported to MLflow to link them.
+    tracked = pipeline_arguments(inputs, "s3://b/runs", True, register="klear-demo")
+    assert set(tracked) <= set(parameters) and tracked["register_model_name"] == "klear-demo" and tracked["register_sft"]
+    for key in ("sft_overrides", "gppo_math_overrides", "gppo_code_overrides"):
+        assert tracked[key][-1] == "report_to=tensorboard,mlflow", key
 
 
 def _executor_kinds(spec) -> dict[str, str]:

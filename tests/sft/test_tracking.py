@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,32 +17,8 @@ from klear.sft.config import SftConfig
 from tests.commands import klear
 from tests.conftest import free_port
 from tests.deploy import katib
-from tests.processes import served_on_loopback
 
-ROOT = Path(__file__).resolve().parents[2]
-MLFLOW = ROOT / ".venv-mlflow" / "bin" / "mlflow"
 SECRET = "s3cr3t-tracking-password-7f1c"
-
-
-def mlflow_server_binary() -> Path:
-    """The MLflow server of `make install-mlflow`; missing: a skip with the reason, a failure in CI."""
-    if not MLFLOW.is_file():
-        message = f"{MLFLOW} missing: `make install-mlflow` builds the MLflow server's own environment"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(message)
-        pytest.skip(message)
-    return MLFLOW
-
-
-@pytest.fixture(scope="module")
-def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    binary = mlflow_server_binary()
-    root = tmp_path_factory.mktemp("mlflow")
-    port = free_port()
-    command = [str(binary), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
-               "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}", "--artifacts-destination", str(root / "artifacts")]
-    with served_on_loopback(command, None, root / "server.log", port, "mlflow server", 120, api_path="") as url:
-        yield url
 
 
 def _files_text(root: Path) -> str:
@@ -146,6 +120,16 @@ def test_mlflow_and_wandb_runs_read_back_and_continued_on_resume(
     curves = (output / "logs" / tracking.CURVES_FILE).read_text()
     assert curves.count("data:image/png;base64,") >= 1 and "train" in curves
     assert (output / "checkpoints" / f"step-{newest:09d}" / "tensorboard" / tracking.CURVES_FILE).is_file()
+
+    # The run is published with the model (logs/tracking_run.json: ids, experiment, page) and named in its card, so
+    # `klear register` and a reader of the card find it.
+    record = tracking.read_run_record(str(output))
+    run_page = f"{mlflow_server}/#/experiments/{experiment.experiment_id}/runs/{mlflow_run.info.run_id}"
+    assert record == {"mlflow": mlflow_run.info.run_id, "wandb": ids["wandb"],
+                      "mlflow_experiment_id": experiment.experiment_id, "mlflow_url": run_page}
+    assert tracking.RUN_RECORD in storage.read_manifest(str(output)).files
+    card = (output / "README.md").read_text()
+    assert f"- MLflow run {mlflow_run.info.run_id} (experiment {experiment.experiment_id}): {run_page}" in card
 
     # Resumed (a second attempt at the same output from its newest checkpoint, as a run that died before its final
     # publish leaves it: the checkpoints alone): the same MLflow run goes on.

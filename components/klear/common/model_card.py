@@ -5,7 +5,8 @@ rewritten when an evaluation of the model is published later, while the model's 
 tokenizer, reports), which the evaluation and every KFP cache key recorded, stays what it was. Readers of the
 model never need it: `fetch_published` serves the listed files, a copy of the folder to a hub carries it along.
 
-Its values come from manifests (the model's, and through the lineage every upstream one): in the Markdown body each
+Its values come from manifests (the model's, and through the lineage every upstream one) and the training's tracker
+run (tracking.RUN_RECORD, published with the model: the MLflow run's id and page): in the Markdown body each
 is escaped (klear.common.markdown.escape) or shown in a fence no value can close (markdown.fence). A card is written
 after the model is published: a card that cannot be written is a warning (`write_after_publish`), never a failed
 stage, which under KFP would retry and train again.
@@ -20,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from klear.common import lineage, storage
+from klear.common import lineage, storage, tracking
 from klear.common.config import describe_preset
 from klear.common.markdown import escape, fence
 
@@ -44,8 +45,9 @@ def base_model(steps: list[lineage.Step]) -> str:
 
 
 def render(uri: str, manifest: storage.Manifest, steps: list[lineage.Step],
-           evaluations: Mapping[str, Mapping[str, Any]] | None = None) -> str:
-    """The card of the model published at `uri`. `evaluations`: evaluation URI -> {"label", "scores": {bench: pass@1}}."""
+           evaluations: Mapping[str, Mapping[str, Any]] | None = None, run: Mapping[str, str] | None = None) -> str:
+    """The card of the model published at `uri`. `evaluations`: evaluation URI -> {"label", "scores": {bench: pass@1}};
+    `run`: the tracker run it was trained in (tracking.RUN_RECORD: "mlflow", "mlflow_url", "wandb", ...)."""
     record = lineage.recorded(manifest.meta, str(storage.Uri.parse(uri).join(storage.MANIFEST_NAME)))
     config = record.config or {}
     data = [entry for entry in record.inputs if record.role(entry) == "data"]
@@ -59,7 +61,8 @@ def render(uri: str, manifest: storage.Manifest, steps: list[lineage.Step],
         "datasets": [entry["uri"] for entry in data] or None,
         "klear": {"stage": record.stage or None, "digest": digest, "recipe": "Klear-Reasoner (arXiv 2508.07629)",
                   "preset": record.preset, "code": record.code or None, "kfp": record.kfp or None,
-                  "data": [{"uri": e["uri"], "digest": e["digest"]} for e in data], "hyperparameters": config},
+                  "data": [{"uri": e["uri"], "digest": e["digest"]} for e in data], "hyperparameters": config,
+                  "training_run": dict(run) if run else None},
     }
     results: list[dict[str, Any]] = [{"task": {"type": "text-generation"}, "dataset": {"name": bench, "type": bench},
                 "metrics": [{"type": "pass@1", "value": float(value), "name": f"pass@1 ({ev['label']})"}],
@@ -86,9 +89,31 @@ def render(uri: str, manifest: storage.Manifest, steps: list[lineage.Step],
                  for r in results]
     else:
         body.append("No evaluation of this model has been published yet.")
-    body += ["", "## Lineage", "", fence(lineage.render_text(steps)), "", fence(lineage.render_mermaid(steps), "mermaid"),
-             ""]
+    body += ["", "## Training run", "", *training_run_lines(run or {}), "", "## Lineage", "", fence(lineage.render_text(steps)),
+             "", fence(lineage.render_mermaid(steps), "mermaid"), ""]
     return "---\n" + yaml.safe_dump(header, sort_keys=False) + "---\n\n" + "\n".join(body)
+
+
+def training_run_lines(run: Mapping[str, str]) -> list[str]:
+    """The card's lines naming the tracker runs the model was trained in (values from a file in the model: escaped)."""
+    lines = []
+    if run.get("mlflow"):
+        where = f" (experiment {escape(run['mlflow_experiment_id'])})" if run.get("mlflow_experiment_id") else ""
+        page = f": {escape(run['mlflow_url'])}" if run.get("mlflow_url") else ""
+        lines.append(f"- MLflow run {escape(run['mlflow'])}{where}{page}")
+    if run.get("wandb"):
+        lines.append(f"- W&B run {escape(run['wandb'])}")
+    return lines or ["Trained without an experiment tracker (MLflow, W&B)."]
+
+
+def read_training_run(uri: str) -> dict[str, str]:
+    """The tracker run of the model at `uri` (tracking.read_run_record); {} and a warning when it is unreadable: the
+    card is written without it."""
+    try:
+        return tracking.read_run_record(uri)
+    except (ValueError, OSError, storage.StorageError) as exc:
+        log.warning("%s: the training run's record is unreadable (%s); the card names no run", uri, exc)
+        return {}
 
 
 def _front_matter(text: str) -> Any:
@@ -128,7 +153,7 @@ def write(uri: str, evaluation: tuple[str, str, Mapping[str, float]] | None = No
     evaluations = read_evaluations(uri)
     if evaluation is not None:
         evaluations[evaluation[0]] = {"label": evaluation[1], "scores": dict(evaluation[2])}
-    text = render(uri, manifest, lineage.trace(uri), evaluations)
+    text = render(uri, manifest, lineage.trace(uri), evaluations, read_training_run(uri))
     storage.write_bytes(storage.Uri.parse(uri).join(CARD_NAME), text.encode())
 
 
@@ -144,9 +169,9 @@ def write_after_publish(uri: str) -> bool:
     return True
 
 
-def _evaluated_models(evaluation_uri: str, scores: Mapping[str, Mapping[str, float]]) -> list[tuple[str, str]]:
-    """(model URI, label) for each model an evaluation scored: its samples' `model` inputs, unchanged since they
-    were sampled, directly or through a judge step's rows."""
+def evaluated_models(evaluation_uri: str, scores: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(model URI, label) for each model an evaluation scored under one of the labels `scores` has (its keys): its
+    samples' `model` inputs, unchanged since they were sampled, directly or through a judge step's rows."""
     labels = {}  # sample output -> the label it was evaluated as
     for edge in lineage.step_of(evaluation_uri).inputs:
         if edge.role.startswith("samples:"):
@@ -167,7 +192,7 @@ def record_evaluation(evaluation_uri: str, scores: Mapping[str, Mapping[str, flo
     Returns the model URIs updated. The evaluation itself has been published: a model being republished, or
     unreachable, and lineage that cannot be followed are warnings, never a failed stage."""
     try:
-        models = _evaluated_models(evaluation_uri, scores)
+        models = evaluated_models(evaluation_uri, scores)
     except Exception as exc:  # noqa: BLE001 - the evaluation is published; the cards only describe the models
         log.warning("no model card was updated with the scores of %s: %s", evaluation_uri, exc)
         log.debug("model card failure", exc_info=True)

@@ -11,7 +11,8 @@ MLFLOW_TRACKING_PASSWORD, MLFLOW_TRACKING_TOKEN, WANDB_API_KEY; or user:password
 chart fills from a Secret, and no message shows them (`redact`). The trackers are checked before the model loads
 (`check_trackers`: reachable, authorised, the experiment there), with bounded retries. A run's tracker ids are kept
 with every checkpoint (`tracking_run.json`), so a resumed stage continues the same run; only rank 0 reports
-(transformers' callbacks check it).
+(transformers' callbacks check it). They are published with the model too (RUN_RECORD, `logs/tracking_run.json`, with
+the MLflow experiment and the run's page), where its model card and `klear register` find the run.
 
 Katib (hyperparameter search) reads the log: every logged row is also written to stderr as one metrics line,
 `<RFC 3339 time> klear-metrics step=12 train-loss=0.41 reward-mean=0.3 ...`, the row's figures under their Katib
@@ -46,6 +47,9 @@ log = logging.getLogger("klear.tracking")
 
 TRACKERS = ("tensorboard", "mlflow", "wandb")
 RUN_FILE = "tracking_run.json"  # the tracker run ids, in every checkpoint folder
+# The run's record published with the model (the training logs/ folder is published with it): the ids, and the MLflow
+# run's experiment and address, so the model card and `klear register` find the run the model came from.
+RUN_RECORD = f"logs/{RUN_FILE}"
 CURVES_FILE = "curves.html"
 HISTORY_FILE = "history.jsonl"  # the scheme-named rows the curves are drawn from, continued on resume
 # What the chart's tracking Secret may hold; read by MLflow and W&B themselves, never by a config.
@@ -235,6 +239,58 @@ def katib_line(step: int, figures: Mapping[str, float], now: dt.datetime) -> str
 def default_run_name(stage: str, output: str) -> str:
     parts = [p for p in output.rstrip("/").split("/") if p and not p.endswith(":")]
     return f"{stage} {'/'.join(parts[-2:])}".strip()
+
+
+def public_address(uri: str) -> str:
+    """An http(s) tracking URI as a browser may be sent to it: no user:password@, query or fragment; "" for any
+    other kind of URI (a file store, databricks, ...), which has no page to link to."""
+    parsed = urllib.parse.urlsplit(uri)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        return ""
+    host = parsed.hostname if ":" not in parsed.hostname else f"[{parsed.hostname}]"
+    netloc = f"{host}:{parsed.port}" if parsed.port else host
+    return urllib.parse.urlunsplit((parsed.scheme, netloc, parsed.path.rstrip("/"), "", ""))
+
+
+def mlflow_run_url(tracking_uri: str, experiment_id: str, run_id: str) -> str:
+    """The MLflow UI page of a run (no credentials in it); "" when the tracking URI is no web server."""
+    base = public_address(tracking_uri)
+    return f"{base}/#/experiments/{experiment_id}/runs/{run_id}" if base and experiment_id and run_id else ""
+
+
+def run_record(ids: Mapping[str, str], experiment_id: str = "", tracking_uri: str = "") -> dict[str, str]:
+    """What RUN_RECORD holds: the tracker run ids (`mlflow`, `wandb`), and for MLflow its experiment and the run's
+    page (`mlflow_experiment_id`, `mlflow_url`)."""
+    record = dict(ids)
+    if ids.get("mlflow"):
+        record["mlflow_experiment_id"] = experiment_id
+        record["mlflow_url"] = mlflow_run_url(tracking_uri, experiment_id, ids["mlflow"])
+    return record
+
+
+def read_run_record(output: str) -> dict[str, str]:
+    """The tracker run a published model was trained in: its RUN_RECORD; for a model published before the record
+    was, the ids its newest checkpoint kept. {} when it was trained without MLflow or W&B."""
+    from klear.common import storage
+
+    root = storage.Uri.parse(output)
+    if RUN_RECORD in storage.read_manifest(root).files:
+        where = root.join(RUN_RECORD)
+    else:
+        # Checkpoints (`checkpoints/step-000000120/`) are outputs of their own: only a complete one's list counts.
+        steps = sorted({name.split("/")[0] for name in storage.list_files(root.join("checkpoints"))}, reverse=True)
+        newest = next((step for step in steps if storage.exists(root.join("checkpoints", step, storage.MANIFEST_NAME))
+                       and RUN_FILE in storage.read_manifest(root.join("checkpoints", step)).files), None)
+        if newest is None:
+            return {}
+        where = root.join("checkpoints", newest, RUN_FILE)
+    try:
+        data = json.loads(storage.read_bytes(where))
+    except ValueError as exc:
+        raise ValueError(f"{where}: not JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{where}: expected a JSON object of tracker run ids, not {type(data).__name__}")
+    return {str(key): str(value) for key, value in data.items() if value}
 
 
 def run_environment(settings: TrackingSettings, trackers: Sequence[str], resumed: Mapping[str, str],
@@ -610,10 +666,27 @@ def _run_tracker(base: type) -> type:
             if folder.is_dir():
                 (folder / RUN_FILE).write_text(json.dumps(self.run_ids()))
             self.write_curves()
+            self.write_run_record()
 
         def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             if state.is_world_process_zero:
                 self.write_curves()
+                self.write_run_record()  # before the MLflow callback (added after this one) ends its run
+
+        def write_run_record(self) -> None:
+            """RUN_RECORD in the logs folder, which the model is published with (nothing without MLflow or W&B)."""
+            ids = self.run_ids()
+            if not ids:
+                return
+            experiment, uri = "", ""
+            if ids.get("mlflow"):
+                import mlflow
+
+                active = mlflow.active_run()
+                experiment = active.info.experiment_id if active is not None else ""
+                uri = mlflow.get_tracking_uri()
+            self.logs_dir.mkdir(parents=True, exist_ok=True)
+            (self.logs_dir / RUN_FILE).write_text(json.dumps(run_record(ids, experiment, uri)))
 
         def restore_environment(self) -> None:
             _restore(self._saved_env)
