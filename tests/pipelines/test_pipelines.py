@@ -284,7 +284,7 @@ def test_the_trained_models_are_registered_on_request_after_the_evaluation(compi
     the tracking Secret's MLflow address and credentials."""
     spec = validate(compiled / "klear-reasoner.yaml")
     tasks = _all_tasks(spec)
-    (switch,) = [t for t in spec.root.dag.tasks.values() if t.task_info.name == "register-model"]
+    (switch,) = [t for t in _body_tasks(spec).values() if t.task_info.name == "register-model"]
     assert "register_model_name'] != ''" in switch.trigger_policy.condition
     code_rl, sft, evaluation = (_task_named(spec, prefix) for prefix in ("code RL: GPPO", "sft:", "evaluate: AIME / HMMT"))
     assert {code_rl, sft, evaluation} <= set(switch.dependent_tasks)
