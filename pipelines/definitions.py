@@ -35,7 +35,7 @@ from kfp.dsl import HTML, Model
 
 from klear.common.component import digest_inputs, slice_list
 from klear.common.config import document_overrides
-from klear.common.images import GPU_IMAGE
+from klear.common.images import CPU_IMAGE, GPU_IMAGE
 from klear.common.kfp_io import (
     API_ENV,
     ENDPOINT_SLICE_SCRATCH,
@@ -66,6 +66,7 @@ from klear.rl_filter.component import OVERRIDE_KEYS as RL_FILTER_KEYS
 from klear.rl_filter.component import rl_filter
 from klear.sample.component import OVERRIDE_KEYS as SAMPLE_KEYS
 from klear.sample.component import sample, sample_slice
+from klear.serve.component import deploy_model
 from klear.sft.component import OVERRIDE_KEYS as SFT_KEYS
 from klear.sft.component import sft
 from klear.sft_data.component import OVERRIDE_KEYS as SFT_DATA_KEYS
@@ -320,6 +321,18 @@ def _register(what: str, model, evaluation, name, suffix: str, kubeflow_registry
     return _on_cluster(task, "1", "2Gi")
 
 
+def _serve(model, name, gpus, scheduling) -> dsl.PipelineTask:
+    """A model behind an OpenAI-compatible endpoint: a small CPU task creates or replaces the KServe InferenceService
+    `name` (vLLM's server on `gpus` GPUs of the GPU nodes, the model copied from its published folder) and waits until
+    it serves. Never cached: it changes the cluster, and a new run must serve its own model."""
+    node_selector, tolerations = scheduling
+    task = deploy_model(model=model, name=name, server_image=GPU_IMAGE, fetch_image=CPU_IMAGE, gpus=gpus,
+                        cpu=MODEL_8B_POD[1], memory=MODEL_8B_POD[2], node_selector=node_selector,
+                        tolerations=tolerations, s3_secret=S3_SECRET)
+    task.set_display_name("serve: the final model on KServe (vLLM)")
+    return _on_cluster(task.set_caching_options(False), "1", "2Gi")
+
+
 def _after_all(first: dsl.PipelineTask) -> None:
     """Every other task of the pipeline being defined runs after `first` (the plan): each task's own dependency,
     so no importer, digest or slice list starts before the plan has passed."""
@@ -500,6 +513,9 @@ def klear_pipeline(
     register_model_name: str = "",
     register_sft: bool = False,
     register_kubeflow_registry: str = "",
+    serve_model: bool = False,
+    serve_name: str = "klear-reasoner",
+    serve_gpus: str = MODEL_8B_POD[0],
 ) -> RecipeOutputs:
     """The whole recipe: curated prompts, teacher traces, SFT, filtered RL data, math then code RL, evaluation.
 
@@ -601,6 +617,12 @@ def klear_pipeline(
         register_sft: Also register the SFT model, as <register_model_name>-sft (needs register_model_name).
         register_kubeflow_registry: Also register in the Kubeflow Model Registry at this address, e.g.
             https://model-registry-service.kubeflow.svc:8443 ("" = MLflow only; needs register_model_name).
+        serve_model: Serve the final (code RL) model once it is trained: a KServe InferenceService named serve_name
+            (vLLM's OpenAI server) is created, or replaced if it exists, and the step waits until it answers; its
+            output is the endpoint, http://<serve_name>-predictor.<namespace>.svc.cluster.local/v1 (KServe >= 0.13).
+        serve_name: The InferenceService's name and the model name requests give (`--served-model`).
+        serve_gpus: GPUs of the serving pod (on the GPU nodes: gpu_node_selector, gpu_tolerations); vLLM's tensor
+            parallelism spans them.
     """
     first = plan_run(cluster=plan_cluster, base_model_uri=base_model_uri, reference_model_uri=reference_model_uri,
                      teacher_model_uri=teacher_model_uri, curate_preset=curate_preset,
@@ -717,6 +739,8 @@ def klear_pipeline(
         with dsl.If(register_sft == True, name="register-sft"):  # noqa: E712 - a pipeline condition, compiled
             _register("SFT model", tuned.outputs["model"], math_evaluation.outputs["scores"], register_model_name,
                       "-sft", register_kubeflow_registry)
+    with dsl.If(serve_model == True, name="serve-model"):  # noqa: E712 - a pipeline condition, compiled
+        _serve(code_rl.outputs["model"], serve_name, serve_gpus, scheduling)
     _after_all(first)
     # What the run hands out; from inside the ExitHandler, _reports_outcome's exit task hands them out from storage.
     return RecipeOutputs(model=code_rl.outputs["model"], report=math_evaluation.outputs["report"])

@@ -1,10 +1,12 @@
 """What the deploy tests share: the chart rendered with Helm's Go SDK, manifest validation against Kubernetes'
-schemas (kubernetes-validate, strict), Kubeflow Trainer's own CRD schemas (vendored under crds/), Katib's
-Experiment from Katib's own generated definitions, small envelope schemas for the other CRDs, Dockerfile parsing,
-and docker/lock.py loaded by path (docker/ is not a package: it would shadow the `docker` distribution)."""
+schemas (kubernetes-validate, strict), Kubeflow Trainer's own CRD schemas (vendored under crds/), KServe's
+InferenceService CRD schema (vendored), Katib's Experiment from Katib's own generated definitions, small envelope
+schemas for the other CRDs, Dockerfile parsing, and docker/lock.py loaded by path (docker/ is not a package: it would
+shadow the `docker` distribution)."""
 
 from __future__ import annotations
 
+import gzip
 import importlib.util
 import json
 import re
@@ -206,6 +208,41 @@ def katib_experiment_schema() -> dict[str, Any]:
 
 
 CRD_SCHEMAS["Experiment"] = katib_experiment_schema()
+# KServe's InferenceService (serving.kserve.io/v1beta1): the openAPIV3Schema of its CRD as KServe v0.20.0 ships it
+# (config/crd/full/serving.kserve.io_inferenceservices.yaml, sha256 57c3bf13f77de946...758fcff; its one version's
+# schema.openAPIV3Schema dumped as JSON, keys sorted, gzip: 22 KB for 636 KB), whole and unchanged. Made strict when
+# loaded, as the API server's strict field validation is: an object that lists its properties takes no others unless
+# the CRD keeps unknown fields there (x-kubernetes-preserve-unknown-fields); metadata is Kubernetes' ObjectMeta.
+KSERVE_SCHEMA = Path(__file__).with_name("kserve-v0.20.0-inferenceservice-schema.json.gz")
+
+
+def strict_crd_schema(schema: dict[str, Any]) -> dict[str, Any]:
+    """A CRD's structural schema with additionalProperties false wherever the API server would drop unknown fields."""
+    out = dict(schema)
+    if "properties" in out:
+        out["properties"] = {name: strict_crd_schema(sub) for name, sub in out["properties"].items()}
+        if "additionalProperties" not in out and not out.get("x-kubernetes-preserve-unknown-fields"):
+            out["additionalProperties"] = False
+    if isinstance(out.get("additionalProperties"), dict):
+        out["additionalProperties"] = strict_crd_schema(out["additionalProperties"])
+    if isinstance(out.get("items"), dict):
+        out["items"] = strict_crd_schema(out["items"])
+    for key in ("allOf", "anyOf", "oneOf"):
+        if key in out:
+            out[key] = [strict_crd_schema(sub) for sub in out[key]]
+    return out
+
+
+def _inference_service_schema() -> dict[str, Any]:
+    schema = strict_crd_schema(json.loads(gzip.decompress(KSERVE_SCHEMA.read_bytes())))
+    schema["properties"]["metadata"] = _META
+    schema["properties"]["kind"] = {"const": "InferenceService"}
+    schema["properties"]["apiVersion"] = {"const": "serving.kserve.io/v1beta1"}
+    schema["required"] = ["apiVersion", "kind", "metadata", "spec"]
+    return schema
+
+
+CRD_SCHEMAS["InferenceService"] = _inference_service_schema()
 
 
 def _registry() -> Any:

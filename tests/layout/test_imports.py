@@ -41,6 +41,8 @@ ALLOWED: dict[str, set[str]] = {
     # sample: `klear evaluate --model` samples first; testsets: the shipped math sets are its default benchmarks.
     # verifiers: the report states the judging rules the verifier settings give.
     "evaluate": {"common", "judge", "sample", "testsets", "verifiers"},
+    # serve: the InferenceService of a published model, its copy and its deploy step; not a data stage.
+    "serve": {"common"},
     "cli": {"common"},
     # register: reads published models and evaluations (manifests, cards, lineage) and writes to model registries.
     "register": {"common"},
@@ -52,9 +54,9 @@ ALLOWED: dict[str, set[str]] = {
 }
 # Packages that only exist in the training (GPU) image.
 TRAINING_ONLY = ("torch", "transformers", "trl", "deepspeed", "accelerate", "vllm")
-# What the CPU image imports: the base, the verifiers, the command, every stage registered on the CPU image, and sample
-# (importable alone: evaluate imports it, and its endpoint backend needs no torch).
-TORCH_FREE = tuple(sorted({"common", "verifiers", "cli", "sample", "plan"}
+# What the CPU image imports: the base, the verifiers, the command, every stage registered on the CPU image, sample
+# (importable alone: evaluate imports it, and its endpoint backend needs no torch) and serve (its copy and deploy step).
+TORCH_FREE = tuple(sorted({"common", "verifiers", "cli", "sample", "plan", "serve"}
                           | {stage_package(command) for command, stage in STAGES.items() if stage.image == "cpu"}))
 
 
