@@ -13,11 +13,11 @@ from klear.common.outcome import (
     FAILED,
     SUCCEEDED,
     UNKNOWN,
-    Evaluation,
     FailedNode,
     FailedTask,
     Outcome,
-    PublishedModel,
+    RunEvaluation,
+    RunModel,
 )
 
 WF = "klear-reasoner-x7k2p"
@@ -112,7 +112,7 @@ def test_what_a_run_folder_holds() -> None:
         == [True, True, False]
     found = outcome.evaluation_of("evaluate", "s3://b/r/evaluate", {"labels": ["rl", "sft"], "scores": {
         "sft": {"aime24": 70.1}, "rl": {"aime24": 83.25, "hmmt25": 60.3}}})
-    assert found == Evaluation("evaluate", "s3://b/r/evaluate", ("rl", "sft"),
+    assert found == RunEvaluation("evaluate", "s3://b/r/evaluate", ("rl", "sft"),
                                {"rl": {"aime24": 83.25, "hmmt25": 60.3}, "sft": {"aime24": 70.1}})
     assert outcome.evaluation_of("evaluate", "u", {"labels": ["rl"]}) is None
 
@@ -139,10 +139,10 @@ def test_the_webhook_address_never_shows() -> None:
 
 def _succeeded() -> Outcome:
     return Outcome("klear-reasoner", "3f6c0a52", SUCCEEDED, run_link="https://kubeflow.example.com/#/runs/details/3f6c0a52",
-                   evaluations=[Evaluation("evaluate", "s3://bucket/runs/3f6c0a52/evaluate", ("rl", "base"),
+                   evaluations=[RunEvaluation("evaluate", "s3://bucket/runs/3f6c0a52/evaluate", ("rl", "base"),
                                            {"rl": {"aime24": 83.21, "aime25": 75.6}, "base": {"aime24": 10.0}})],
-                   models=[PublishedModel("sft", "s3://bucket/runs/3f6c0a52/sft"),
-                           PublishedModel("gppo-code", "s3://bucket/runs/3f6c0a52/gppo-code", "4f2a",
+                   models=[RunModel("sft", "s3://bucket/runs/3f6c0a52/sft"),
+                           RunModel("gppo-code", "s3://bucket/runs/3f6c0a52/gppo-code", "4f2a",
                                           "https://mlflow.example.com/#/runs/4f2a", "w9")])
 
 

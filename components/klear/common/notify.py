@@ -60,7 +60,7 @@ def _tracker_runs(run: storage.Uri, name: str, files: list[str]) -> tuple[str, s
     return mlflow_run, outcome.mlflow_link(address, mlflow_run), wandb_run
 
 
-def published(run_root: str, run_id: str) -> tuple[list[outcome.Evaluation], list[outcome.PublishedModel], list[str]]:
+def published(run_root: str, run_id: str) -> tuple[list[outcome.RunEvaluation], list[outcome.RunModel], list[str]]:
     """What the run published under `<run_root>/<run id>`: its evaluations, its models (in the recipe's order), and
     the output folders it started but never published."""
     run = storage.Uri.parse(run_root.rstrip("/")).join(run_id)
@@ -74,7 +74,7 @@ def published(run_root: str, run_id: str) -> tuple[list[outcome.Evaluation], lis
             if found is not None:
                 evaluations.append(found)
         elif outcome.MODEL_FOLDERS.match(name):
-            models.append(outcome.PublishedModel(name, str(run.join(name)), *_tracker_runs(run, name, files)))
+            models.append(outcome.RunModel(name, str(run.join(name)), *_tracker_runs(run, name, files)))
     return evaluations, sorted(models, key=lambda m: outcome.model_order(m.name)), unfinished
 
 

@@ -68,7 +68,7 @@ class FailedNode:
 
 
 @dataclass(frozen=True)
-class Evaluation:
+class RunEvaluation:
     """A published evaluation: its folder, location and headline pass@1 per model label and benchmark."""
 
     name: str
@@ -78,7 +78,7 @@ class Evaluation:
 
 
 @dataclass(frozen=True)
-class PublishedModel:
+class RunModel:
     """A model a training stage published, with its tracker runs (from its newest checkpoint's tracking_run.json)."""
 
     name: str
@@ -95,8 +95,8 @@ class Outcome:
     state: str
     status_message: str = ""  # what the status said of an error, when it said something
     failed: list[FailedTask] = field(default_factory=list)
-    evaluations: list[Evaluation] = field(default_factory=list)
-    models: list[PublishedModel] = field(default_factory=list)
+    evaluations: list[RunEvaluation] = field(default_factory=list)
+    models: list[RunModel] = field(default_factory=list)
     unfinished: list[str] = field(default_factory=list)  # output folders with files and no manifest
     run_link: str = ""  # the run in the Kubeflow UI
     notes: list[str] = field(default_factory=list)  # what could not be looked at, said once
@@ -202,7 +202,7 @@ def clip(text: str, limit: int = MESSAGE_LIMIT) -> str:
 # --------------------------------------------------------------------------- what the run published
 
 
-def evaluation_of(name: str, uri: str, meta: Mapping[str, Any]) -> Evaluation | None:
+def evaluation_of(name: str, uri: str, meta: Mapping[str, Any]) -> RunEvaluation | None:
     """An evaluation from its manifest's meta (evaluate publishes `labels` and the headline `scores`: label ->
     benchmark -> pass@1); None when the meta holds no scores."""
     scores = meta.get("scores")
@@ -211,7 +211,7 @@ def evaluation_of(name: str, uri: str, meta: Mapping[str, Any]) -> Evaluation | 
     labels = [str(label) for label in meta.get("labels") or scores]
     table = {str(label): {str(b): float(v) for b, v in (values or {}).items() if isinstance(v, (int, float))}
              for label, values in scores.items() if isinstance(values, Mapping)}
-    return Evaluation(name, uri, tuple(label for label in labels if label in table), table)
+    return RunEvaluation(name, uri, tuple(label for label in labels if label in table), table)
 
 
 def newest_run_file(names: Iterable[str], file_name: str) -> str | None:
@@ -270,7 +270,7 @@ def _number(value: float) -> str:
     return f"{value:.1f}"
 
 
-def _score_rows(evaluation: Evaluation) -> list[str]:
+def _score_rows(evaluation: RunEvaluation) -> list[str]:
     benchmarks = list(dict.fromkeys(b for label in evaluation.labels for b in evaluation.scores[label]))
     rows = ["| model | " + " | ".join(escape(b) for b in benchmarks) + " |",
             "|---|" + "---|" * len(benchmarks)]
