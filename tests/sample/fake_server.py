@@ -16,6 +16,7 @@ Replies that look like successes but are not what they seem:
     parts     content as a list of text parts (a valid OpenAI shape)     parts_think  Mistral-style thinking + text parts
     null      content null, no reasoning                                 empty     content "", no reasoning
     image     content holding only an image part                         other     answered by `other_model`
+    cut_think finish length, content null, no reasoning: vLLM's deepseek_r1 parser on a reply cut right after <think>
     huge      usage.prompt_tokens 3000000000                              negative  usage.completion_tokens -95
 
 Without a plan every request gets `default` ("ok"). Responses are a deterministic function of (prompt, seed),
@@ -122,6 +123,9 @@ def _completion(server: FakeServer, body: dict[str, Any], kind: str, prompt: str
                                 {"type": "text", "text": answer}])
     elif kind in ("null", "empty"):
         message.update(content=None if kind == "null" else "")
+    elif kind == "cut_think":
+        message.update(content=None)
+        finish = "length"
     elif kind == "image":
         message.update(content=[{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}])
     else:

@@ -35,15 +35,17 @@ def _rows(out: Path) -> dict[tuple[str, int], dict[str, Any]]:
 
 def test_every_content_shape_is_read_and_an_empty_answer_is_retried(fake_server: FakeServer, tmp_path: Path) -> None:
     plans = {"parts": "parts", "parts-think": "parts_think", "null": "null,ok", "empty": "empty,ok",
-             "image": "image,ok"}
+             "image": "image,ok", "cut-think": "cut_think"}
     prompts = write_prompts(tmp_path / "p.jsonl", [{"id": k, "prompt": f"{k} [[plan:{v}]]"} for k, v in plans.items()])
     assert _klear_sample(fake_server, prompts, tmp_path / "out", "n=2") == 0
     rows = _rows(tmp_path / "out")
-    assert len(rows) == 10
+    assert len(rows) == 12
     for (name, _), row in rows.items():
         reasoning, answer = expected_parts(row["prompt"], row["seed"])
         if name == "parts":  # the text of every part, none lost
             assert (row["response"], row["reasoning"], row["attempts"]) == (answer, None, 1)
+        elif name == "cut-think":  # cut right after <think> (tokens written, none shown): an unfinished reasoning
+            assert (row["response"], row["reasoning"], row["finish_reason"], row["attempts"]) == ("<think>\n", "", "length", 1)
         elif name == "parts-think":
             assert row["response"] == f"<think>\n{reasoning}\n</think>\n\n{answer}" and row["attempts"] == 1
         else:  # the empty or unreadable first reply was a failed attempt, the second the sample
