@@ -269,7 +269,8 @@ def test_without_the_chart_default_a_deleted_pod_is_not_retried(template_default
 
 def test_retried_tasks_are_the_documented_ones(compiled: Path) -> None:
     """What the docs say is retried (3 retries, 60 s backoff doubling): the sampling and judging slices, their
-    merges, and the training stages; nothing else in any compiled pipeline."""
+    merges, the training stages, and the registration (idempotent by content, against a server outside the
+    cluster); nothing else in any compiled pipeline."""
     for name in PIPELINE_NAMES:
         path = compiled / f"{name}.yaml"
         ir = pipeline_spec(path)
@@ -280,7 +281,7 @@ def test_retried_tasks_are_the_documented_ones(compiled: Path) -> None:
             component = ir["components"][task["componentRef"]["name"]]
             function = ir["deploymentSpec"]["executors"][component["executorLabel"]]["container"]["args"][3]
             merge_task = task.get("inputs", {}).get("parameters", {}).get("merge") == {"runtimeValue": {"constant": True}}
-            documented = function in ("sample_slice", "judge_slice", "sft", "gppo") or (
+            documented = function in ("sample_slice", "judge_slice", "sft", "gppo", "register") or (
                 function in ("sample", "judge") and merge_task)
             assert (instance.retry_policy is not None) == documented, f"{path.name} {instance.task} ({function})"
             if documented:
