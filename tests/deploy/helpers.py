@@ -211,30 +211,12 @@ CRD_SCHEMAS["Experiment"] = katib_experiment_schema()
 # KServe's InferenceService (serving.kserve.io/v1beta1): the openAPIV3Schema of its CRD as KServe v0.20.0 ships it
 # (config/crd/full/serving.kserve.io_inferenceservices.yaml, sha256 57c3bf13f77de946...758fcff; its one version's
 # schema.openAPIV3Schema dumped as JSON, keys sorted, gzip: 22 KB for 636 KB), whole and unchanged. Made strict when
-# loaded, as the API server's strict field validation is: an object that lists its properties takes no others unless
-# the CRD keeps unknown fields there (x-kubernetes-preserve-unknown-fields); metadata is Kubernetes' ObjectMeta.
+# loaded as Trainer's CRDs are (`_strict`); metadata is Kubernetes' ObjectMeta.
 KSERVE_SCHEMA = Path(__file__).with_name("kserve-v0.20.0-inferenceservice-schema.json.gz")
 
 
-def strict_crd_schema(schema: dict[str, Any]) -> dict[str, Any]:
-    """A CRD's structural schema with additionalProperties false wherever the API server would drop unknown fields."""
-    out = dict(schema)
-    if "properties" in out:
-        out["properties"] = {name: strict_crd_schema(sub) for name, sub in out["properties"].items()}
-        if "additionalProperties" not in out and not out.get("x-kubernetes-preserve-unknown-fields"):
-            out["additionalProperties"] = False
-    if isinstance(out.get("additionalProperties"), dict):
-        out["additionalProperties"] = strict_crd_schema(out["additionalProperties"])
-    if isinstance(out.get("items"), dict):
-        out["items"] = strict_crd_schema(out["items"])
-    for key in ("allOf", "anyOf", "oneOf"):
-        if key in out:
-            out[key] = [strict_crd_schema(sub) for sub in out[key]]
-    return out
-
-
 def _inference_service_schema() -> dict[str, Any]:
-    schema = strict_crd_schema(json.loads(gzip.decompress(KSERVE_SCHEMA.read_bytes())))
+    schema = _strict(json.loads(gzip.decompress(KSERVE_SCHEMA.read_bytes())))
     schema["properties"]["metadata"] = _META
     schema["properties"]["kind"] = {"const": "InferenceService"}
     schema["properties"]["apiVersion"] = {"const": "serving.kserve.io/v1beta1"}
