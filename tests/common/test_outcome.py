@@ -105,9 +105,6 @@ def test_what_a_run_folder_holds() -> None:
              "sft/checkpoints/step-000000010/tracking_run.json", "sft/checkpoints/step-000000020/tracking_run.json",
              "sft/checkpoints/step-000000009/tracking_run.json", "evaluate/_MANIFEST.json", "loose.txt"]
     assert outcome.stage_folders(names) == (["curate", "evaluate"], ["sft"])  # sft: checkpoints, no manifest
-    files = [n.partition("/")[2] for n in names if n.startswith("sft/")]
-    assert outcome.newest_run_file(files, "tracking_run.json") == "checkpoints/step-000000020/tracking_run.json"
-    assert outcome.newest_run_file(["report.json"], "tracking_run.json") is None
     assert [bool(outcome.EVALUATION_FOLDERS.match(n)) for n in ("evaluate", "evaluate-code", "evaluate-prompts-math")] \
         == [True, True, False]
     found = outcome.evaluation_of("evaluate", "s3://b/r/evaluate", {"labels": ["rl", "sft"], "scores": {

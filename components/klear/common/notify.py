@@ -26,7 +26,7 @@ from typing import Any
 from klear.common import outcome, storage
 from klear.common.kfp_io import RUN_ID_ENV, record_output
 from klear.common.lineage import TASK_ENV
-from klear.common.tracking import RUN_FILE, redact
+from klear.common.tracking import read_run_record, redact
 
 log = logging.getLogger("klear.notify")
 
@@ -46,12 +46,10 @@ WORKFLOW_LABEL, NODE_ANNOTATION = "workflows.argoproj.io/workflow", "workflows.a
 
 
 def _tracker_runs(run: storage.Uri, name: str, files: list[str]) -> tuple[str, str, str]:
-    """(mlflow run id, its MLflow link, W&B run id) of a published model, from its newest checkpoint's tracker ids
-    and the MLflow address (the tracking Secret's MLFLOW_TRACKING_URI, else the stage config's tracking_uri)."""
-    run_file = outcome.newest_run_file(files, RUN_FILE)
-    if run_file is None:
-        return "", "", ""
-    ids = json.loads(storage.read_bytes(run.join(name, run_file)))
+    """(mlflow run id, its MLflow link, W&B run id) of a published model, from the tracker ids it was published with
+    (tracking.read_run_record) and the MLflow address (the tracking Secret's MLFLOW_TRACKING_URI, else the stage
+    config's tracking_uri)."""
+    ids = read_run_record(str(run.join(name)))
     mlflow_run, wandb_run = str(ids.get("mlflow") or ""), str(ids.get("wandb") or "")
     address = os.environ.get(MLFLOW_URI_ENV, "")
     if mlflow_run and not address and "report.json" in files:

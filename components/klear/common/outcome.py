@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from klear.common.markdown import escape
-from klear.common.tracking import REDACTED, redact
+from klear.common.tracking import REDACTED, public_address, redact
 
 SUCCEEDED, FAILED, CANCELLED, UNKNOWN = "succeeded", "failed", "cancelled", "unknown"
 # PipelineTaskFinalStatus.state as kfp.local (SUCCEEDED/FAILED) and KFP's backend (MLMD execution states) spell it.
@@ -214,41 +214,21 @@ def evaluation_of(name: str, uri: str, meta: Mapping[str, Any]) -> RunEvaluation
     return RunEvaluation(name, uri, tuple(label for label in labels if label in table), table)
 
 
-def newest_run_file(names: Iterable[str], file_name: str) -> str | None:
-    """Of a model folder's files, the `checkpoints/step-N/<file_name>` with the largest N."""
-    best: tuple[int, str] | None = None
-    for name in names:
-        match = re.fullmatch(rf"checkpoints/step-(\d+)/{re.escape(file_name)}", name)
-        if match and (best is None or int(match.group(1)) > best[0]):
-            best = (int(match.group(1)), name)
-    return best[1] if best else None
-
-
 def model_order(name: str) -> tuple[int, str]:
     """Models in the recipe's order: SFT, math RL, code RL, then any other."""
     recipe = ("sft", "gppo-math", "gppo-code")
     return (recipe.index(name) if name in recipe else len(recipe), name)
 
 
-def web_base(uri: str) -> str:
-    """An http(s) address fit for a link: no credentials (user:password@, token queries), no query or fragment;
-    "" for anything else (a file store, a databricks:// URI)."""
-    parts = urllib.parse.urlsplit(redact(uri.strip(), environ={}))
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        return ""
-    host = parts.hostname + (f":{parts.port}" if parts.port else "")
-    return urllib.parse.urlunsplit((parts.scheme, host, parts.path.rstrip("/"), "", ""))
-
-
 def mlflow_link(tracking_uri: str, run_id: str) -> str:
     """The MLflow UI page of a run (its direct route, `#/runs/<id>`, which finds the experiment), or ""."""
-    base = web_base(tracking_uri)
+    base = public_address(tracking_uri.strip())
     return f"{base}/#/runs/{urllib.parse.quote(run_id, safe='')}" if base and run_id else ""
 
 
 def kfp_run_link(ui_url: str, run_id: str) -> str:
     """The run's page in the Kubeflow Pipelines UI (`<ui>/#/runs/details/<run id>`), or "" without a UI address."""
-    base = web_base(ui_url)
+    base = public_address(ui_url.strip())
     return f"{base}/#/runs/details/{urllib.parse.quote(run_id, safe='')}" if base and run_id else ""
 
 
@@ -282,7 +262,7 @@ def _score_rows(evaluation: RunEvaluation) -> list[str]:
 
 
 def _link(text: str, url: str) -> str:
-    # Our own links (web_base output): percent-encode what would end the Markdown link target.
+    # Our own links (tracking.public_address output): percent-encode what would end the Markdown link target.
     return f"[{escape(text)}]({urllib.parse.quote(url, safe=':/?#=&%@+,;~')})"
 
 
