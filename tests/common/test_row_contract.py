@@ -8,7 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from klear.common.chat import THINK_CLOSE, THINK_OPEN, ResponseParts, render_response, split_response
+from klear.common.chat import (
+    THINK_CLOSE,
+    THINK_OPEN,
+    ResponseParts,
+    answer_section,
+    answer_start,
+    format_fault,
+    render_response,
+    split_response,
+)
 from klear.common.sample_rows import PROMPT_FIELDS, prompt_text, response_parts
 from tests.judge.samples import boxed, math_record, publish_samples, read_parquet_folder, response, sample_row
 
@@ -54,7 +63,7 @@ def test_every_stage_takes_the_same_prompt_of_a_row() -> None:
     ResponseParts("r", "", True),  # closed, nothing after the reasoning
     ResponseParts("half a thought", "", False),  # cut inside the reasoning
     ResponseParts(None, "just an answer", True),
-    ResponseParts("r", "an answer naming </think> again", True),
+    ResponseParts("a reasoning naming </think> once", "the answer", True),
 ])
 def test_render_then_split_gives_the_parts_back(parts: ResponseParts) -> None:
     text = render_response(parts)
@@ -70,6 +79,66 @@ def test_the_normal_form() -> None:
     assert split_response("<think>\n\n r \n\n</think>\n\n\n a") == ResponseParts("r", "a", True)
     assert split_response("r</think>a") == ResponseParts("r", "a", True)
     assert split_response("  <think>cut") == ResponseParts("cut", "", False)
+
+
+# --------------------------------------------------------------------------- where thinking ends
+
+
+@pytest.mark.parametrize(("text", "parts"), [
+    # Two ends: the last one ends the thinking (the released reward's split("</think>")[-1]), not the first.
+    ("<think>\nR\n</think>\nmid \\boxed{1} </think> The answer is \\boxed{2}",
+     ResponseParts("R\n</think>\nmid \\boxed{1}", "The answer is \\boxed{2}", True)),
+    ("plain text, no tags", ResponseParts(None, "plain text, no tags", True)),  # no end: an answer without reasoning
+    ("<think>\nunclosed, and \\boxed{3}", ResponseParts("unclosed, and \\boxed{3}", "", False)),  # cut inside
+    ("R</think>A", ResponseParts("R", "A", True)),  # the template opened <think> in the prompt
+    ("Sure. <think>R</think>A", ResponseParts("Sure. <think>R", "A", True)),  # text before <think> stays reasoning
+    ("Sure. <think>cut", ResponseParts(None, "Sure. <think>cut", True)),  # ...and without an end, it is no reasoning
+])
+def test_thinking_ends_at_the_last_think_end(text: str, parts: ResponseParts) -> None:
+    assert split_response(text) == parts
+    start = answer_start(text)
+    assert (start is None) is (text.find(THINK_CLOSE) < 0)
+    assert answer_section(text) == (None if start is None else text[start:])
+    assert answer_section(text, require_think_end=False) == text.split(THINK_CLOSE)[-1]  # the release's own split
+    assert answer_section(text, think_end="") == text
+
+
+def test_every_reader_of_an_answer_takes_the_same_one() -> None:
+    """The sample backends (raw text, a server's parser that split at the first </think>), a row's columns, the
+    verifiers and the rewards read one answer from a response with two </think>."""
+    from klear.gppo.config import RewardConfig
+    from klear.gppo.rewards import format_check
+    from klear.sample.reasoning import from_message, from_text
+    from klear.verifiers import VerifierConfig
+    from klear.verifiers.code_verifier import extract_program, extract_program_release, program_of
+    from klear.verifiers.math_verifier import extract_answer
+
+    text = "<think>\nR\n</think>\n\nmid \\boxed{1} ```python\nprint(1)\n``` </think> \\boxed{2}\n```python\nprint(2)\n```"
+    rule = split_response(text)
+    assert rule.answer == "\\boxed{2}\n```python\nprint(2)\n```"
+    server = from_message({"reasoning": "R", "content": "mid \\boxed{1} ```python\nprint(1)\n``` </think> "
+                                         "\\boxed{2}\n```python\nprint(2)\n```"}, "stop")
+    assert from_text(text) == server == rule
+    row = {"response": render_response(rule), "reasoning": rule.reasoning, "answer": rule.answer}
+    assert response_parts(row) == rule and split_response(render_response(rule)) == rule
+    assert extract_answer(text).answer == "2"
+    assert extract_program(text) == "print(2)\n"  # its body keeps the newline before the closing fence
+    assert extract_program_release(text) == "print(2)"  # the released code regex agrees while the answer has a block
+    assert program_of(text, VerifierConfig(code_rules="release")) == "print(2)"
+    # Two </think> is no format fault under the release's rules, one under the paper's (tags repeated).
+    assert format_check(text, RewardConfig(mode="official"))[0] is None
+    assert format_check(text, RewardConfig())[1].startswith("not one <think>")
+
+
+@pytest.mark.parametrize(("text", "fault"), [
+    ("<think>\nr\n</think>\n\na", None), ("r</think>a", "no_think_start"), ("<think>\nr", "no_think_end"),
+    ("no tags", "no_think_end"), ("<think>r</think>a</think>", "malformed"), ("x<think>r</think>a", "malformed"),
+    ("<think></think>a", "malformed"), ("</think><think>r", "malformed"),
+])
+def test_format_faults_in_the_release_order(text: str, fault: str | None) -> None:
+    assert format_fault(text) == fault
+    assert format_fault(text.removeprefix(THINK_OPEN), think_start_in_prompt=True) == (
+        None if fault is None else fault if fault != "no_think_start" else None)
 
 
 # --------------------------------------------------------------------------- a row's response parts
@@ -116,3 +185,42 @@ def test_sft_data_takes_the_rows_parts_and_the_prompt_rule(tmp_path: Path) -> No
     assert records[0]["messages"][0]["content"] == "What is 2 + 2?"
     report = json.loads((out / "report.json").read_text())
     assert report["totals"]["dropped"]["truncated"] == 1
+
+
+# --------------------------------------------------------------------------- two </think>: sample -> judge -> sft-data
+
+
+def test_a_reply_with_two_think_ends_has_one_answer_from_sample_to_sft_data(tmp_path: Path) -> None:
+    """The real commands on one reply with two </think>, as a reasoning parser splits it (at the first) and inline:
+    `klear sample` writes the answer after the last one, `klear judge` judges that answer's box (the draft box
+    between the two is wrong), and `klear sft-data` keeps the same response, whose answer is the row's."""
+    from tests.commands import jsonl, klear
+    from tests.sample.fake_server import TWO_ENDS_ANSWER, TWO_ENDS_DRAFT, FakeServer, expected_parts
+
+    plans = ("two_ends", "two_ends_inline")
+    prompts = jsonl(tmp_path / "p.jsonl", [{"id": plan, "prompt": f"Compute 1 + 1. [[plan:{plan}]]", "answer": "2"}
+                                           for plan in plans])
+    samples, judged, sft = (str(tmp_path / name) for name in ("samples", "judged", "sft"))
+    with FakeServer() as server:
+        done = klear("sample", "--prompts", prompts, "--output", samples, "--config", "tiny", "--endpoint", server.url,
+                     "--served-model", server.served_model, "--set", "n=1")
+        assert done.returncode == 0, done.stderr[-2000:]
+    rows = {r["id"]: r for r in read_parquet_folder(samples, "samples")}
+    assert sorted(rows) == sorted(plans)
+    for row in rows.values():
+        reasoning, _ = expected_parts(row["prompt"], row["seed"])
+        assert (row["reasoning"], row["answer"]) == (f"{reasoning}\n</think>\n\n{TWO_ENDS_DRAFT}", TWO_ENDS_ANSWER)
+        assert split_response(row["response"]) == ResponseParts(row["reasoning"], row["answer"], True)
+    for command in (("judge", "--samples", samples, "--output", judged),
+                    ("sft-data", "--samples", judged, "--output", sft)):
+        done = klear(*command, "--config", "tiny")
+        assert done.returncode == 0, done.stderr[-2000:]
+    for row in read_parquet_folder(judged, "judged"):
+        assert (row["extracted"], row["verdict"], row["correct"]) == ("2", "correct", True), row["id"]
+        assert row["response"] == rows[row["id"]]["response"]
+    records = read_parquet_folder(sft, "records")
+    assert sorted(r["id"] for r in records) == sorted(plans)
+    for record in records:
+        said = record["messages"][-1]
+        assert said["role"] == "assistant" and said["content"] == rows[record["id"]]["response"]
+        assert split_response(said["content"]).answer == TWO_ENDS_ANSWER

@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from klear.common import storage
+from klear.common.chat import split_response
 
 SAMPLE_SCHEMA = pa.schema([
     ("id", pa.string()), ("sample", pa.int32()), ("prompt", pa.string()), ("response", pa.string()),
@@ -40,9 +41,9 @@ def program(body: str) -> str:
 def row(pid: str, sample: int, response: str, finish_reason: str = "stop", tokens: int | None = None,
         record: dict[str, Any] | None = None, prompt: str | None = None) -> dict[str, Any]:
     """A sample row; without `prompt` it records none (evaluate then reports its prompts as not recorded)."""
-    reasoning, _, answer = response.partition("</think>")
+    parts = split_response(response)  # the columns `klear sample` writes
     return {"id": pid, "sample": sample, "prompt": prompt, "response": response,
-            "reasoning": reasoning.removeprefix("<think>").strip(), "answer": answer.strip(),
+            "reasoning": parts.reasoning, "answer": parts.answer,
             "finish_reason": finish_reason, "prompt_tokens": 10,
             "completion_tokens": tokens if tokens is not None else max(1, len(response) // 4), "model": "m",
             # A wrong gold answer in the record: evaluation must take the gold from the benchmark, never from here.

@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from klear.common import storage
+from klear.common.chat import split_response
 
 SAMPLE_SCHEMA = pa.schema([
     ("id", pa.string()), ("sample", pa.int64()), ("prompt", pa.string()), ("response", pa.string()),
@@ -27,9 +28,9 @@ def response(reasoning: str, answer: str) -> str:
 
 def sample_row(pid: str, k: int, text: str, record: dict[str, Any], finish_reason: str = "stop",
                prompt: str | None = None, model: str = "teacher") -> dict[str, Any]:
-    reasoning, _, answer = text.partition("</think>")
+    parts = split_response(text)  # the columns `klear sample` writes
     return {"id": pid, "sample": k, "prompt": prompt if prompt is not None else str(record.get("problem") or record.get("question") or ""),
-            "response": text, "reasoning": reasoning.removeprefix("<think>").strip(), "answer": answer.strip(),
+            "response": text, "reasoning": parts.reasoning, "answer": parts.answer,
             "finish_reason": finish_reason, "prompt_tokens": 12, "completion_tokens": max(1, len(text) // 4),
             "model": model, "record": json.dumps(record)}
 

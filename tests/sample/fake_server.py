@@ -19,6 +19,11 @@ Replies that look like successes but are not what they seem:
     cut_think finish length, content null, no reasoning: vLLM's deepseek_r1 parser on a reply cut right after <think>
     huge      usage.prompt_tokens 3000000000                              negative  usage.completion_tokens -95
 
+Two `</think>` in one reply (TWO_ENDS_ANSWER: the answer after the last one, a draft box between them):
+
+    two_ends         as vLLM's deepseek_r1 parser splits it: reasoning up to the first `</think>`, the rest content
+    two_ends_inline  no parser: all of it inline in content
+
 Without a plan every request gets `default` ("ok"). Responses are a deterministic function of (prompt, seed),
 so seeded runs can be compared. Every request is counted; the Authorization header is checked when a key is set.
 """
@@ -36,6 +41,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 PLAN = re.compile(r"\[\[plan:([a-z0-9_,]+)\]\]")
+
+
+TWO_ENDS_DRAFT = "mid-way \\boxed{1}"  # between the two </think>
+TWO_ENDS_ANSWER = "The answer is \\boxed{2}"  # after the last one
 
 
 def expected_parts(prompt: str, seed: int) -> tuple[str, str]:
@@ -113,6 +122,10 @@ def _completion(server: FakeServer, body: dict[str, Any], kind: str, prompt: str
         message.update(content=f"{reasoning}\n</think>\n\n{answer}")
     elif kind == "plain":
         message.update(content=answer)
+    elif kind == "two_ends":
+        message.update(content=f"{TWO_ENDS_DRAFT}\n</think>\n\n{TWO_ENDS_ANSWER}", reasoning=reasoning)
+    elif kind == "two_ends_inline":
+        message.update(content=f"<think>\n{reasoning}\n</think>\n\n{TWO_ENDS_DRAFT}\n</think>\n\n{TWO_ENDS_ANSWER}")
     elif kind == "cut":
         message.update(content=None, reasoning=reasoning)
         finish = "length"

@@ -15,6 +15,10 @@ A response's normal form (what `klear sample` writes, what SFT records hold) is
 
 with `<think>\n{reasoning}` for a response cut inside its reasoning and the bare answer for one without any;
 `render_response` writes it and `split_response` reads it (and raw model text with inline tags) back.
+
+Where thinking ends is decided here only (`answer_start`): sampling, judging, the verifiers, sft-data and the
+rewards all read a response's answer through it, so a response with two `</think>` has one answer everywhere.
+The checks of the think tags that the rewards' format rule makes (`format_fault`) live here too.
 """
 
 from __future__ import annotations
@@ -57,21 +61,69 @@ class ResponseParts:
     closed: bool  # the reasoning ended (a `</think>` belongs in the normal form)
 
 
+def answer_start(text: str, think_end: str = THINK_CLOSE) -> int | None:
+    """Where a response's answer starts: just after the LAST `think_end` (`</think>`) in it; None when it has none
+    (thinking never ended: the response was cut inside its reasoning, or has none).
+
+    The one rule for where thinking ends. It is the released reward's (verl/utils/reward_score/math_dapo.py,
+    compute_score: `solution_str.split("</think>")[-1]`) and its judge's (benchmarks/judge_math.py,
+    `remove_think`); a `</think>` a model writes inside its reasoning, or a server's reasoning parser leaves in
+    the answer (vLLM's deepseek_r1 ends the reasoning at the first one), is reasoning, not answer. (The released
+    code reward's regex, which code_rules=release keeps, anchors at the first `</think>`: see
+    klear.verifiers.code_verifier.extract_program_release.)"""
+    if not think_end:
+        raise ValueError("think_end is empty: no end of thinking to find")
+    at = text.rfind(think_end)
+    return None if at < 0 else at + len(think_end)
+
+
 def split_response(text: str) -> ResponseParts:
-    """The parts of a response in normal form, or of raw model text with inline think tags: the reasoning is what
-    lies before the first `</think>` (after a `<think>`, if any: a template may open it in the prompt)."""
-    if THINK_CLOSE in text:
-        head, _, answer = text.partition(THINK_CLOSE)
-        head = head.split(THINK_OPEN, 1)[1] if THINK_OPEN in head else head
-        return ResponseParts(head.strip(), answer.lstrip(), True)
+    """The parts of a response in normal form, or of raw model text with inline think tags, by `answer_start`:
+    the reasoning is everything before the end of thinking, less the `<think>` it opens with (a template may open
+    it in the prompt; text before a `<think>` stays in the reasoning); without an end, text that opens with
+    `<think>` is a reasoning cut short, and any other text is an answer without reasoning."""
+    start = answer_start(text)
+    if start is not None:
+        head = text[: start - len(THINK_CLOSE)].lstrip()
+        return ResponseParts(head.removeprefix(THINK_OPEN).strip(), text[start:].lstrip(), True)
     stripped = text.lstrip()
     if stripped.startswith(THINK_OPEN):
         return ResponseParts(stripped[len(THINK_OPEN):].strip(), "", False)
     return ResponseParts(None, text, True)
 
 
+def answer_section(response: str, think_end: str = THINK_CLOSE, require_think_end: bool = True) -> str | None:
+    """The text a verifier judges: what follows the end of thinking (`answer_start`), as the model wrote it (not
+    stripped: math-verify reads it as the release does); the whole response when `think_end` is '' or, unless
+    `require_think_end`, when thinking never ended; None when it is required and never ended (cut at max tokens)."""
+    if not think_end:
+        return response
+    start = answer_start(response, think_end)
+    if start is None:
+        return None if require_think_end else response
+    return response[start:]
+
+
+def format_fault(response: str, think_start_in_prompt: bool = False) -> str | None:
+    """What keeps a response's reasoning from being one `<think>...</think>` block at its start, checked in the
+    released reward's order (math_dapo / code_r1_compute.compute_score(is_longcot=True): `</think>` first):
+    "no_think_end" without `</think>`, "no_think_start" without `<think>` (unless the chat template opened it in
+    the prompt: `think_start_in_prompt`), "malformed" for tags repeated, out of order, text before `<think>` or a
+    block with nothing inside; None for a well-formed response."""
+    if THINK_CLOSE not in response:
+        return "no_think_end"
+    if not think_start_in_prompt and THINK_OPEN not in response:
+        return "no_think_start"
+    text = (THINK_OPEN if think_start_in_prompt else "") + response.lstrip()
+    if (not text.startswith(THINK_OPEN) or text.count(THINK_OPEN) != 1 or text.count(THINK_CLOSE) != 1
+            or text.index(THINK_CLOSE) == len(THINK_OPEN)):
+        return "malformed"
+    return None
+
+
 def render_response(parts: ResponseParts) -> str:
-    """The normal form of a response's parts (split_response reads it back to the same parts)."""
+    """The normal form of a response's parts (split_response reads it back to the same parts, unless the answer
+    holds a `</think>`: by the rule, all before it is reasoning)."""
     if parts.reasoning is None:
         return parts.answer
     if not parts.closed:

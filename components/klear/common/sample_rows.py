@@ -18,8 +18,8 @@ The contract also holds the rules the stages share about what a row says:
   - the prompt of a source row (`prompt_text`): the first non-blank string of PROMPT_FIELDS, in the order
     `klear sample` looks (its default prompt field is `prompt`);
   - the response's normal form, `<think>\n{reasoning}\n</think>\n\n{answer}` (klear.common.chat: the think
-    tags, `render_response`, `split_response`), and its parts as the row gives them (`response_parts`: the
-    `reasoning` and `answer` columns where the row has them, its response split otherwise).
+    tags, `render_response`, `split_response`: thinking ends at the last `</think>`), and its parts as the row
+    gives them (`response_parts`: its response split, or its columns for a reasoning cut short).
 """
 
 from __future__ import annotations
@@ -158,19 +158,18 @@ def prompt_text(row: Mapping[str, Any]) -> str | None:
 
 
 def response_parts(row: Mapping[str, Any]) -> ResponseParts:
-    """The parts of a sample row's response: its `reasoning` and `answer` columns where it has them and they are
-    the parts of its `response` (`klear sample` writes all three from one parse), else `response` split. A column
-    that disagrees with the response (a user's `answer` holding the gold answer) is not taken for it: the
-    response is what later stages train on and judge."""
+    """The parts of a sample row's response: its response split by the contract's rule (split_response), except
+    where its `reasoning` and `answer` columns say what the text cannot: a reasoning cut short that names
+    `</think>` (`klear sample` writes all three from one parse, and a server may say that its reasoning never
+    ended). A column that disagrees with the response (a user's `answer` holding the gold answer) is not taken for
+    it: the response is what later stages train on and judge."""
     response = row.get("response")
     text = response if isinstance(response, str) else ""
     reasoning, answer = row.get("reasoning"), row.get("answer")
-    if isinstance(answer, str) and isinstance(reasoning, (str, type(None))):
-        # Reasoning with an empty answer may be cut inside the reasoning or closed with nothing after it.
-        for closed in (True, False) if reasoning is not None and answer == "" else (True,):
-            parts = ResponseParts(reasoning, answer, closed)
-            if render_response(parts) == text:
-                return parts
+    if isinstance(reasoning, str) and answer == "":
+        cut = ResponseParts(reasoning, "", False)
+        if render_response(cut) == text:
+            return cut
     return split_response(text)
 
 

@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Literal
 
-from klear.common.chat import THINK_CLOSE, THINK_OPEN
+from klear.common.chat import THINK_CLOSE, THINK_OPEN, answer_section, format_fault
 from klear.common.parallel import resolve_workers
 from klear.common.workers import WorkerPool
 from klear.gppo.config import RewardConfig
@@ -31,7 +31,7 @@ from klear.verifiers.code_verifier import (
     verdict_of,
 )
 from klear.verifiers.config import VerifierConfig, worker_verifier
-from klear.verifiers.math_verifier import extract_answer, format_ok, judge, judge_official
+from klear.verifiers.math_verifier import extract_answer, judge, judge_official
 
 __all__ = [
     "RewardOutcome", "RewardPool", "code_detail", "code_outcome", "code_reward", "failed_outcome", "format_check",
@@ -66,17 +66,18 @@ def format_check(response: str, cfg: RewardConfig) -> tuple[float | None, str]:
     response that has both tags yet is malformed (tags repeated, out of order, text before `<think>`)
     `format_penalty`.
     """
-    if cfg.mode != "official" and format_ok(response, cfg.think_start_in_prompt):
+    fault = format_fault(response, cfg.think_start_in_prompt)
+    if fault is None:
         return None, ""
     if cfg.mode == "official" or cfg.official_format_penalties:
-        if THINK_CLOSE not in response:
+        if fault == "no_think_end":
             return OFFICIAL_NO_THINK_END, f"missing {THINK_CLOSE}"
-        if not cfg.think_start_in_prompt and THINK_OPEN not in response:
+        if fault == "no_think_start":
             return OFFICIAL_NO_THINK_START, f"missing {THINK_OPEN}"
         if cfg.mode == "official":
             return None, ""
-    elif THINK_CLOSE not in response or (not cfg.think_start_in_prompt and THINK_OPEN not in response):
-        return cfg.format_penalty, f"missing {THINK_CLOSE if THINK_CLOSE not in response else THINK_OPEN}"
+    elif fault != "malformed":
+        return cfg.format_penalty, f"missing {THINK_CLOSE if fault == 'no_think_end' else THINK_OPEN}"
     return cfg.format_penalty, (f"not one {THINK_OPEN}...{THINK_CLOSE} block at the start (tags repeated, out of "
                                 f"order, or text before {THINK_OPEN})")
 
@@ -245,7 +246,10 @@ def official_math_judgement(response: str, gold: str, verifier: VerifierConfig) 
     else its last number), a string match with the gold first. ("correct", "wrong" or "judge_error", the answer
     math-verify extracted: None when it found nothing, which is wrong)."""
     try:
-        ok, answer = judge_official(gold, response.split(THINK_CLOSE)[-1], verifier.math_timeout_s)
+        # The release's split("</think>")[-1]: the whole response when it has none (its format check came first).
+        section = answer_section(response, require_think_end=False)
+        assert section is not None
+        ok, answer = judge_official(gold, section, verifier.math_timeout_s)
     except Exception:  # noqa: BLE001 - the release scores what math-verify cannot handle as wrong
         return "judge_error", None
     if answer is None:

@@ -29,6 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from klear.common.chat import answer_section
 from klear.judge.problems import Problem
 from klear.verifiers.code_verifier import CodeResult, TestCase, extract_program, process_verifier, program_of, select_tests
 from klear.verifiers.config import VerifierConfig
@@ -82,7 +83,7 @@ def prepare(response: str, finish_reason: str | None, problem: Problem | None,
         if ext.answer is None or ext.reason == "conflicting_boxes":
             return Judgement(kind, False, 0.0, ext.reason, extracted=ext.answer)
         return {"kind": "math", "gold": problem.answer, "answer": ext.answer, "boxed": ext.reason == "ok"}, ext.answer
-    if verifier.think_end and verifier.require_think_end and verifier.think_end not in response:
+    if answer_section(response, verifier.think_end, verifier.require_think_end) is None:
         return Judgement(kind, False, 0.0, "no_think_end", 0, total)
     program = extract_program(response, verifier.think_end, verifier.require_think_end)
     if program is None:

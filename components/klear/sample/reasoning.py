@@ -7,7 +7,8 @@ so the model's text may hold only the closing tag. The normal form is
 
     <think>\n{reasoning}\n</think>\n\n{answer}
 
-and a response cut inside its reasoning keeps no `</think>`: `<think>\n{reasoning}`.
+and a response cut inside its reasoning keeps no `</think>`: `<think>\n{reasoning}`. Thinking ends at the last
+`</think>` (klear.common.chat.answer_start), also where a server's parser split the reply at an earlier one.
 """
 
 from __future__ import annotations
@@ -33,5 +34,8 @@ def from_message(message: Mapping[str, Any], finish_reason: str | None) -> Parse
             # vLLM sends content None when the output never left the reasoning; transformers serve sends "".
             # Either way an empty answer on a cut response means the cut fell inside the reasoning.
             closed = content is not None and not (finish_reason == "length" and not answer.strip())
-            return Parsed(reasoning.strip(), answer.lstrip(), closed)
+            parts = Parsed(reasoning.strip(), answer.lstrip(), closed)
+            # vLLM's deepseek_r1 parser ends the reasoning at the first </think>; the contract's rule is the last,
+            # so an answer that still holds one is split again (any other closed reply reads back unchanged).
+            return from_text(render(parts)) if closed else parts
     return from_text(content if isinstance(content, str) else "")

@@ -58,7 +58,7 @@ import pyarrow.compute as pc
 
 from klear.common import storage
 from klear.common.data_stage import DataStage
-from klear.common.records import ParquetShardWriter, RecordError, Source, iter_training_records
+from klear.common.records import ParquetShardWriter, RecordError, Source, iter_training_records, unwrap_record
 from klear.common.slices import MergeIncompleteError, add_slice_arguments, claim_slice
 from klear.sample.backends.base import Backend, Completion, Request
 from klear.sample.config import SampleConfig
@@ -125,11 +125,9 @@ def load_prompts(uris: Sequence[str], config: SampleConfig, with_shipped: bool =
 
 def _shipped(record: dict[str, Any], where: str) -> list[dict[str, Any]]:
     found = shipped_responses(record)
-    if not found and isinstance(record.get("record"), str):  # curate keeps the source row as JSON
-        with contextlib.suppress(orjson.JSONDecodeError):
-            inner = orjson.loads(record["record"])
-            if isinstance(inner, dict):
-                found = shipped_responses(inner)
+    if not found:  # curate keeps the source row as JSON in `record`: read it as every stage does
+        flat = unwrap_record(record)
+        found = shipped_responses(flat) if flat is not None else []
     if not found:
         raise RecordError(f"{where}: backend=records needs a response in the record (`response`, `responses`, "
                           f"`generations`, or an assistant turn in `messages`); fields present: {sorted(record)}")

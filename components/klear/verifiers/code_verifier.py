@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from decimal import Decimal, InvalidOperation
 from typing import Any, Literal
 
-from klear.common.chat import THINK_CLOSE
+from klear.common.chat import THINK_CLOSE, answer_section
 from klear.verifiers._zygote import decode_value
 from klear.verifiers.config import LCB_RULES, VALUE_RULES, VerifierConfig
 from klear.verifiers.sandbox import RunResult, SandboxPool
@@ -39,14 +39,12 @@ RELEASE_FENCE_CLOSE = "\n```"
 
 # --- pure functions --------------------------------------------------------------------------------
 def extract_program(response: str, think_end: str = THINK_CLOSE, require_think_end: bool = True) -> str | None:
-    """The last ```python block after the last `think_end` (else the last fenced block without a language); None
-    when `think_end` is required and absent, or there is no such block."""
-    if think_end:
-        if think_end in response:
-            response = response[response.rfind(think_end) + len(think_end) :]
-        elif require_think_end:
-            return None  # cut off while thinking: drafts in the reasoning are not the answer
-    blocks = fenced_blocks(response)
+    """The last ```python block after the end of thinking (klear.common.chat.answer_section; else the last fenced
+    block without a language); None when `think_end` is required and absent, or there is no such block."""
+    section = answer_section(response, think_end, require_think_end)
+    if section is None:
+        return None  # cut off while thinking: drafts in the reasoning are not the answer
+    blocks = fenced_blocks(section)
     # A block marked as another language is no Python answer; an unmarked one is taken when none is marked Python
     # (LiveCodeBench's own extraction takes the last fenced block whatever its language).
     chosen = [body for lang, body in blocks if lang in PYTHON_FENCES] or [body for lang, body in blocks if not lang]
@@ -58,7 +56,10 @@ def extract_program_release(response: str) -> str | None:
     </think>, the last "```python" + newline that some later newline + "```" closes (the greedy `.*`), its body up
     to the first such close (the lazy `.*?`). So ```py, ```Python, a bare ``` or "```python " (a trailing space) hold
     no program, nor does a block before </think>. None also for an empty body, which the release scores as no
-    program (`if not solution_code`)."""
+    program (`if not solution_code`). The one reading of a response that keeps its own end of thinking (the first
+    </think>, not klear.common.chat.answer_start's last): the released code reward's, kept for parity. It finds the
+    program the rule finds whenever the answer after the last </think> holds one (the greedy `.*` takes the last
+    block); only a block between two </think> with none after the last is a program here and reasoning there."""
     think_end = response.find(THINK_CLOSE)
     if think_end < 0:
         return None

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from klear.common.chat import THINK_CLOSE, THINK_OPEN
+from klear.common.chat import THINK_CLOSE, answer_section, format_fault
 from klear.common.parallel import resolve_workers
 from klear.common.workers import WorkerPool
 from klear.verifiers.config import VerifierConfig
@@ -58,16 +58,6 @@ def find_boxes(text: str) -> list[str]:
     return [content for _, content in sorted(found)]
 
 
-def answer_section(response: str, think_end: str = THINK_CLOSE, require_think_end: bool = True) -> str | None:
-    """What follows the last `think_end`; None if it is required and absent (e.g. cut at max tokens)."""
-    if not think_end:
-        return response
-    cut = response.rfind(think_end)
-    if cut == -1:
-        return None if require_think_end else response
-    return response[cut + len(think_end) :]
-
-
 @dataclass(frozen=True)
 class Extraction:
     answer: str | None  # what will be judged; None means wrong without judging
@@ -80,7 +70,7 @@ def _norm(s: str) -> str:
 
 def extract_answer(response: str, think_end: str = THINK_CLOSE, require_think_end: bool = True,
                    require_box: bool = True, reject_conflicting: bool = False) -> Extraction:
-    """The final answer to judge: the last box after `think_end`.
+    """The final answer to judge: the last box after the end of thinking (klear.common.chat.answer_section).
 
     With `reject_conflicting`, several boxes with different contents are a hedge (one of them may be right):
     reason "conflicting_boxes", judged wrong. Without it (the default) the last box is the answer.
@@ -103,15 +93,11 @@ def extract_answer(response: str, think_end: str = THINK_CLOSE, require_think_en
 
 def format_ok(response: str, think_start_in_prompt: bool = False) -> bool:
     """Is the reasoning enclosed in exactly one `<think>...</think>` pair at the start of the response?
+    (klear.common.chat.format_fault finds none of its faults.)
 
     With `think_start_in_prompt`, the chat template already opened `<think>` in the prompt.
     """
-    text = response.lstrip()
-    if think_start_in_prompt:
-        text = THINK_OPEN + text
-    if not text.startswith(THINK_OPEN) or text.count(THINK_OPEN) != 1 or text.count(THINK_CLOSE) != 1:
-        return False
-    return text.index(THINK_CLOSE) > len(THINK_OPEN)
+    return format_fault(response, think_start_in_prompt) is None
 
 
 def _first_final_answer(text: str) -> int:
