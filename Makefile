@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install install-vllm install-mlflow test-vllm demo stage test test-fast lint typecheck pipeline bench gpu-check clean
+.PHONY: install install-vllm install-mlflow test-vllm demo stage test test-fast lint typecheck pipeline bench gpu-check clean new-stage
 
 install: $(STAMP)
 
@@ -83,6 +83,11 @@ typecheck: install
 
 pipeline: install
 	$(BIN)/python -m pipelines.compile
+
+# A new CPU data stage, registered in every place the tests check (pipelines/new_stage.py lists them), passing the
+# layout and pipeline tests as generated: make new-stage NAME=word-count KIND=data SUMMARY="words per record".
+new-stage: install
+	$(BIN)/python -m pipelines.new_stage "$(NAME)" --kind "$(or $(KIND),data)" --summary "$(SUMMARY)"
 
 bench: install
 	$(BIN)/python benchmarks/bench_curate.py

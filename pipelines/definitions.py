@@ -184,12 +184,43 @@ def _digest(what: str, recompute, uri="", second_uri="", third_uri="", uris=None
     return _on_cluster(task, "1", "2Gi").output
 
 
+def cached_stage(component, reads=(), *, what: str = "", recompute=None, preset="", digest=None,
+                 **arguments) -> dsl.PipelineTask:
+    """A stage task cached by KFP and keyed by the content of what it reads: the `_digest` step ("digest: `what`")
+    of `reads` (the URIs it reads, directly or through an importer: up to three string parameters, and a list
+    parameter such as benchmark_uris) and of its config `preset`, folding in the run's `recompute`; then
+    `component(**arguments, preset=preset, input_digest=<that digest>)`, cached. Stage tasks get their
+    `input_digest` here, so none is cached without its digest step (tests/pipelines/test_pipelines.py checks
+    that every cached task's digest covers the URIs and preset it reads). `digest`: instead of `reads`, the digest
+    step another task over the same inputs took (the judge step in front of sft-data, say)."""
+    if digest is None:
+        if recompute is None or not what:
+            raise ValueError(f"cached_stage({component.name}): give `what` and `recompute` for its digest step")
+        single = [uri for uri in reads if not _is_list(uri)]
+        lists = [uri for uri in reads if _is_list(uri)]
+        if len(single) > 3 or len(lists) > 1:
+            raise ValueError(f"{what}: digest_inputs takes up to three URIs and one list of URIs, got {list(reads)}")
+        slots = dict(zip(("uri", "second_uri", "third_uri"), single))
+        digest = _digest(what, recompute, **slots, uris=lists[0] if lists else None, preset=preset)
+    elif reads:
+        raise ValueError(f"cached_stage({component.name}): give `reads` or a shared `digest`, not both")
+    task = component(**arguments, preset=preset, input_digest=digest)
+    return task.set_caching_options(True)
+
+
+def _is_list(value) -> bool:
+    """A list of URIs: a list pipeline parameter (benchmark_uris) or a constant list."""
+    return isinstance(value, (list, tuple)) or getattr(value, "channel_type", "") == "List"
+
+
 # --------------------------------------------------------------------------- stage tasks
 
 
-def _curate(sources, source_files, benchmark_uris, preset, overrides, run_root, digest) -> dsl.PipelineTask:
-    task = curate(source_data=sources, source_files=source_files, benchmark_uris=benchmark_uris, preset=preset,
-                  overrides=overrides, run_root=run_root, input_digest=digest)
+def _curate(sources_uri, source_files, benchmark_uris, preset, overrides, run_root, recompute) -> dsl.PipelineTask:
+    sources = _import(sources_uri, dsl.Dataset, "prompt sources")
+    task = cached_stage(curate, (sources_uri, benchmark_uris), what="curate inputs", recompute=recompute,
+                        preset=preset, source_data=sources.output, source_files=source_files,
+                        benchmark_uris=benchmark_uris, overrides=overrides, run_root=run_root)
     return _deterministic(task.set_display_name("curate: dedup + 9-gram decontamination"), "16", "32Gi")
 
 
@@ -254,29 +285,31 @@ def _judge(what: str, samples, config_of: str, preset, overrides, run_root, cpu,
     return _with_scratch(_on_cluster(merged, "4", "32Gi"), MERGE_SCRATCH)
 
 
-def _sft(base_model, data, preset, run_root, gpus, nodes, cpu, memory, scheduling, digest,
+def _sft(base_model, data, preset, run_root, gpus, nodes, cpu, memory, scheduling, recompute, reads,
          overrides=[]) -> dsl.PipelineTask:
-    """SFT, cached by `digest` (with its inputs): a new run with the same inputs and settings reuses the model."""
-    task = sft(base_model=base_model, data=data, preset=preset, overrides=overrides, gpus_per_node=gpus, nodes=nodes,
-               run_root=run_root, input_digest=digest)
+    """SFT, cached by the digest of `reads` (with its inputs): a new run with the same inputs and settings reuses
+    the model."""
+    task = cached_stage(sft, reads, what="sft inputs", recompute=recompute, preset=preset, base_model=base_model,
+                        data=data, overrides=overrides, gpus_per_node=gpus, nodes=nodes, run_root=run_root)
     task.set_display_name("sft: long-CoT SFT (TRL, ZeRO-3)")
     return _launches_training(task, nodes, gpus, cpu, memory, scheduling).set_caching_options(True)
 
 
-def _gppo(rl_task: str, policy, data, preset, run_root, gpus, nodes, cpu, memory, scheduling, digest,
-          overrides=[]) -> dsl.PipelineTask:
+def _gppo(rl_task: str, policy, data, preset, run_root, gpus, nodes, cpu, memory, scheduling, recompute, reads,
+          what: str, overrides=[]) -> dsl.PipelineTask:
     """One RL run of the paper with the one gppo component: "math" (after SFT), then "code" (after math RL); cached
-    by `digest` (with its inputs), as SFT is."""
-    task = gppo(policy=policy, data=data, task=rl_task, preset=preset, overrides=overrides, gpus_per_node=gpus,
-                nodes=nodes, run_root=run_root, input_digest=digest)
+    by the digest of `reads` (with its inputs), as SFT is."""
+    task = cached_stage(gppo, reads, what=what, recompute=recompute, preset=preset, policy=policy, data=data,
+                        task=rl_task, overrides=overrides, gpus_per_node=gpus, nodes=nodes, run_root=run_root)
     task.set_display_name(f"{rl_task} RL: GPPO (TRL + vLLM)")
     return _runs_untrusted_code(_launches_training(task, nodes, gpus, cpu, memory, scheduling)).set_caching_options(True)
 
 
 def _rl_filter(rl_task: str, problems, filter_samples, benchmark_uris, preset, overrides, run_root,
                digest, cpu=JUDGE_CPU) -> dsl.PipelineTask:
-    task = rl_filter(problems=problems, filter_samples=filter_samples, task=rl_task, preset=preset,
-                     overrides=overrides, benchmark_uris=benchmark_uris, run_root=run_root, input_digest=digest)
+    """rl-filter on the digest of its judge step (the same inputs)."""
+    task = cached_stage(rl_filter, digest=digest, preset=preset, problems=problems, filter_samples=filter_samples,
+                        task=rl_task, overrides=overrides, benchmark_uris=benchmark_uris, run_root=run_root)
     task.set_display_name(f"rl-filter: {rl_task} (pass rate of the filter model)")
     return _runs_untrusted_code(_deterministic(task, cpu))
 
@@ -299,9 +332,9 @@ def _evaluate(models: dict, benchmark_uris, preset, overrides, run_root, digest,
     if code:
         inputs |= {"code_samples": code[label], "baseline_code_samples": code[base_label],
                    "reference_code_samples": code[ref_label]}
-    task = evaluate(**inputs, benchmark_uris=benchmark_uris, preset=preset, overrides=overrides, run_root=run_root,
-                    label=label, baseline_label=base_label, reference_label=ref_label, name=folder,
-                    input_digest=digest)
+    task = cached_stage(evaluate, digest=digest, preset=preset, **inputs, benchmark_uris=benchmark_uris,
+                        overrides=overrides, run_root=run_root, label=label, baseline_label=base_label,
+                        reference_label=ref_label, name=folder)
     task.set_display_name(name)
     return _runs_untrusted_code(_deterministic(task, cpu))
 
@@ -646,11 +679,9 @@ def klear_pipeline(
     _on_cluster(first.set_display_name("plan: klear plan on this run's arguments").set_caching_options(False),
                 "1", "2Gi")
     scheduling = (gpu_node_selector, gpu_tolerations)
-    sources = _import(sources_uri, dsl.Dataset, "prompt sources")
+    curated = _curate(sources_uri, source_files, benchmark_uris, curate_preset, curate_overrides, run_root,
+                      recompute).outputs["curated"]
     base = _import(base_model_uri, dsl.Model, "base model")
-    curate_digest = _digest("curate inputs", recompute, sources_uri, uris=benchmark_uris, preset=curate_preset)
-    curated = _curate(sources.output, source_files, benchmark_uris, curate_preset, curate_overrides, run_root,
-                      curate_digest).outputs["curated"]
 
     # SFT data: teacher traces, labelled by the reference model's pass rate (paper §5.1).
     # The teacher is the critical path (SFT waits for it): it and the reference model start first; the filter model
@@ -668,13 +699,12 @@ def klear_pipeline(
     sft_data_digest = _digest("sft-data inputs", recompute, base_model_uri, preset=sft_data_preset)
     reference_judged = _judge("reference", reference.outputs["samples"], "sft-data", sft_data_preset,
                               sft_data_overrides, run_root, judge_cpu, reference_judge_slices, sft_data_digest)
-    records = sft_data(teacher_samples=teacher.outputs["samples"], reference_samples=reference_judged.outputs["judged"],
-                       target_model=base.output, preset=sft_data_preset, overrides=sft_data_overrides,
-                       run_root=run_root, input_digest=sft_data_digest)
+    records = cached_stage(sft_data, digest=sft_data_digest, preset=sft_data_preset,
+                           teacher_samples=teacher.outputs["samples"], reference_samples=reference_judged.outputs["judged"],
+                           target_model=base.output, overrides=sft_data_overrides, run_root=run_root)
     _runs_untrusted_code(_deterministic(records.set_display_name("sft-data: difficulty and policy"), judge_cpu))
     tuned = _sft(base.output, records.outputs["records"], sft_preset, run_root, sft_gpus_per_node, sft_nodes,
-                 sft_cpu, sft_memory, scheduling,
-                 _digest("sft inputs", recompute, base_model_uri, preset=sft_preset), sft_overrides)
+                 sft_cpu, sft_memory, scheduling, recompute, (base_model_uri,), sft_overrides)
 
     # RL data: problems the filter model solves reliably (label noise out), then math RL, then code RL.
     rl_data = {}
@@ -699,16 +729,16 @@ def klear_pipeline(
                                       rl_filter_preset, filtering_overrides, run_root, digest, judge_cpu
                                       ).outputs["rl_data"]
     math_rl = _gppo("math", tuned.outputs["model"], rl_data["math"], gppo_math_preset, run_root, rl_gpus_per_node,
-                    rl_nodes, rl_cpu, rl_memory, scheduling,
-                    _digest("math RL config", recompute, preset=gppo_math_preset), gppo_math_overrides)
+                    rl_nodes, rl_cpu, rl_memory, scheduling, recompute, (), "math RL config", gppo_math_overrides)
     code_rl = _gppo("code", math_rl.outputs["model"], rl_data["code"], gppo_code_preset, run_root,
-                    rl_gpus_per_node, rl_nodes, rl_cpu, rl_memory, scheduling,
-                    _digest("code RL config", recompute, preset=gppo_code_preset), gppo_code_overrides)
+                    rl_gpus_per_node, rl_nodes, rl_cpu, rl_memory, scheduling, recompute, (), "code RL config",
+                    gppo_code_overrides)
 
     # Evaluation under the paper's protocol: the final model beside SFT and the base model.
     benchmarks = _digest("benchmarks", recompute, uris=benchmark_uris, preset=evaluate_preset)
-    prompts = evaluation_prompts(benchmark_uris=benchmark_uris, preset=evaluate_preset, overrides=evaluate_overrides,
-                                 sampling_overrides=eval_sample_overrides, run_root=run_root, input_digest=benchmarks)
+    prompts = cached_stage(evaluation_prompts, digest=benchmarks, preset=evaluate_preset,
+                           benchmark_uris=benchmark_uris, overrides=evaluate_overrides,
+                           sampling_overrides=eval_sample_overrides, run_root=run_root)
     _deterministic(prompts.set_display_name("evaluate: benchmark prompts"), "2", "8Gi")
     models = {"rl": code_rl.outputs["model"], "sft": tuned.outputs["model"], "base": base.output}
     # The trained models are this run's artifacts (their URIs key the cache); the base model is read by URI.
@@ -770,9 +800,7 @@ def curate_pipeline(sources_uri: str, source_files: list, run_root: str, benchma
         recompute: Any new text (e.g. a date) makes this run curate anew instead of reusing an earlier run's
             result for the same inputs and settings (KFP's cache, keyed by content digests that fold it in).
     """
-    sources = _import(sources_uri, dsl.Dataset, "prompt sources")
-    curated = _curate(sources.output, source_files, benchmark_uris, preset, overrides, run_root,
-                      _digest("curate inputs", recompute, sources_uri, uris=benchmark_uris, preset=preset)).outputs["curated"]
+    curated = _curate(sources_uri, source_files, benchmark_uris, preset, overrides, run_root, recompute).outputs["curated"]
     _plan_first("klear-curate", plan_cluster, plan_gpu_quota, preset, overrides)
     return curated
 
@@ -872,10 +900,10 @@ def sft_data_pipeline(teacher_samples_uri: str, reference_samples_uri: str, targ
     teacher = _import(teacher_samples_uri, dsl.Dataset, "teacher samples")
     reference = _import(reference_samples_uri, dsl.Dataset, "reference samples")
     target = _import(target_model_uri, dsl.Model, "target model (tokenizer)")
-    digest = _digest("sft-data inputs", recompute, teacher_samples_uri, reference_samples_uri, target_model_uri,
-                     preset=preset)
-    task = sft_data(teacher_samples=teacher.output, reference_samples=reference.output, target_model=target.output,
-                    preset=preset, overrides=overrides, run_root=run_root, input_digest=digest)
+    task = cached_stage(sft_data, (teacher_samples_uri, reference_samples_uri, target_model_uri),
+                        what="sft-data inputs", recompute=recompute, preset=preset, teacher_samples=teacher.output,
+                        reference_samples=reference.output, target_model=target.output, overrides=overrides,
+                        run_root=run_root)
     records = _runs_untrusted_code(_deterministic(task.set_display_name("sft-data"))).outputs["records"]
     _plan_first("klear-sft-data", plan_cluster, plan_gpu_quota, preset, overrides, model_uri=target_model_uri)
     return records
@@ -912,7 +940,7 @@ def sft_pipeline(base_model_uri: str, data_uri: str, run_root: str, preset: str 
     data = _import(data_uri, dsl.Dataset, "SFT data")
     model = _sft(base.output, data.output, preset, run_root, gpus_per_node, nodes, cpu, memory,
                  (gpu_node_selector, gpu_tolerations),
-                 _digest("sft inputs", recompute, base_model_uri, data_uri, preset=preset), overrides).outputs["model"]
+                 recompute, (base_model_uri, data_uri), overrides).outputs["model"]
     _plan_first("klear-sft", plan_cluster, plan_gpu_quota, preset, overrides, model_uri=base_model_uri, nodes=nodes,
                 gpus_per_node=gpus_per_node)
     return model
@@ -955,8 +983,7 @@ def _rl_rerun(rl_task, model_uri, data_uri, preset, overrides, run_root, gpus_pe
     policy = _import(model_uri, dsl.Model, "policy")
     data = _import(data_uri, dsl.Dataset, f"{rl_task} RL data")
     model = _gppo(rl_task, policy.output, data.output, preset, run_root, gpus_per_node, nodes, cpu, memory,
-                  scheduling, _digest(f"{rl_task} RL inputs", recompute, model_uri, data_uri, preset=preset),
-                  overrides).outputs["model"]
+                  scheduling, recompute, (model_uri, data_uri), f"{rl_task} RL inputs", overrides).outputs["model"]
     _plan_first(f"klear-gppo-{rl_task}", plan_cluster, plan_gpu_quota, preset, overrides, model_uri=model_uri,
                 nodes=nodes, gpus_per_node=gpus_per_node)
     return model
@@ -1061,8 +1088,8 @@ def evaluate_pipeline(model_uri: str, run_root: str, benchmark_uris: list = [], 
     """
     model = _import(model_uri, dsl.Model, "model")
     digest = _digest("benchmarks", recompute, uris=benchmark_uris, preset=preset)
-    prompts = evaluation_prompts(benchmark_uris=benchmark_uris, preset=preset, overrides=overrides,
-                                 sampling_overrides=sample_overrides, run_root=run_root, input_digest=digest)
+    prompts = cached_stage(evaluation_prompts, digest=digest, preset=preset, benchmark_uris=benchmark_uris,
+                           overrides=overrides, sampling_overrides=sample_overrides, run_root=run_root)
     _deterministic(prompts.set_display_name("evaluate: benchmark prompts"), "2", "8Gi")
     math = _sample("eval-math", prompts.outputs["math_prompts"], sample_preset,
                    prompts.outputs["math_sample_overrides"], run_root, gpus, cpu, memory,
@@ -1071,8 +1098,8 @@ def evaluate_pipeline(model_uri: str, run_root: str, benchmark_uris: list = [], 
                    slices=slices)
     judged = _judge("eval-math", math.outputs["samples"], "evaluate", preset, overrides, run_root, judge_cpu,
                     judge_slices, digest, benchmark_uris=benchmark_uris)
-    task = evaluate(samples=judged.outputs["judged"], benchmark_uris=benchmark_uris, preset=preset,
-                    overrides=overrides, run_root=run_root, label="model", input_digest=digest)
+    task = cached_stage(evaluate, digest=digest, preset=preset, samples=judged.outputs["judged"],
+                        benchmark_uris=benchmark_uris, overrides=overrides, run_root=run_root, label="model")
     summary = _runs_untrusted_code(_deterministic(task.set_display_name("evaluate"), judge_cpu)).outputs["summary"]
     _plan_first("klear-evaluate", plan_cluster, plan_gpu_quota, preset, overrides, model_uri=model_uri, gpus=gpus,
                 slices=slices)
@@ -1108,8 +1135,8 @@ def evaluate_samples_pipeline(samples_uri: str, run_root: str, benchmark_uris: l
     digest = _digest("evaluate inputs", recompute, samples_uri, uris=benchmark_uris, preset=preset)
     judged = _judge("eval-samples", samples.output, "evaluate", preset, overrides, run_root, judge_cpu, judge_slices,
                     digest, benchmark_uris=benchmark_uris)
-    task = evaluate(samples=judged.outputs["judged"], benchmark_uris=benchmark_uris, preset=preset,
-                    overrides=overrides, run_root=run_root, label=label, input_digest=digest)
+    task = cached_stage(evaluate, digest=digest, preset=preset, samples=judged.outputs["judged"],
+                        benchmark_uris=benchmark_uris, overrides=overrides, run_root=run_root, label=label)
     summary = _runs_untrusted_code(_deterministic(task.set_display_name("evaluate"), judge_cpu)).outputs["summary"]
     _plan_first("klear-evaluate-samples", plan_cluster, plan_gpu_quota, preset, overrides)
     return summary

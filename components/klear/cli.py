@@ -60,6 +60,9 @@ RECIPE_PIPELINE = "klear-reasoner"
 
 def stage_package(command: str) -> str:
     """The sub-package of a command's module: `sft-data` -> `sft_data`."""
+    if command not in COMMANDS:  # a stage in STAGES but not here: say where its line goes, not a bare KeyError
+        raise ValueError(f"{command!r} is not in COMMANDS (components/klear/cli.py): add "
+                         f'"{command}": "klear.{command.replace("-", "_")}.stage"')
     return COMMANDS[command].split(".")[1]
 
 

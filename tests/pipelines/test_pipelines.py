@@ -29,8 +29,12 @@ STAGE_PIPELINES = sorted({RECIPE_PIPELINE, *(p for stage in STAGES.values() for 
 
 def test_the_pipelines_are_the_registrys() -> None:
     """A stage registered without its pipeline, or a pipeline filed under another name, fails here."""
-    assert sorted(PIPELINES) == STAGE_PIPELINES
-    assert {key: pipeline.name for key, pipeline in PIPELINES.items() if key != pipeline.name} == {}
+    missing = sorted(set(STAGE_PIPELINES) - set(PIPELINES))
+    assert not missing, f"klear.cli.STAGES names {missing}: add each to PIPELINES in pipelines/definitions.py"
+    unregistered = sorted(set(PIPELINES) - set(STAGE_PIPELINES))
+    assert not unregistered, f"PIPELINES has {unregistered}: add each to its stage's pipelines in klear.cli.STAGES"
+    misfiled = {key: pipeline.name for key, pipeline in PIPELINES.items() if key != pipeline.name}
+    assert not misfiled, f"PIPELINES keys differ from the pipelines' @dsl.pipeline(name=...): {misfiled}"
 
 
 def test_every_pipeline_compiles_and_loads_back(compiled: Path) -> None:
@@ -56,7 +60,15 @@ def test_the_recipe_is_wired_in_the_papers_order(compiled: Path) -> None:
         "judge: eval-sft-math", "judge: eval-base-math")}
 
     def deps(prefix: str) -> set[str]:
-        return set(tasks[named[prefix]].dependent_tasks)
+        """Every task the named task waits for, directly or through others: a stage wired in between two (one that
+        reads sft-data's output before SFT, say) keeps the order this test checks."""
+        found, todo = set(), list(tasks[named[prefix]].dependent_tasks)
+        while todo:
+            task = todo.pop()
+            if task not in found:
+                found.add(task)
+                todo += tasks[task].dependent_tasks if task in tasks else []
+        return found
 
     assert named["curate"] in deps("sample: teacher") and named["curate"] in deps("sample: reference")
     # The reference samples reach sft-data judged (a fan-out of judge slices, then its merge).
@@ -323,8 +335,8 @@ def test_every_stage_task_takes_overrides_from_a_run_time_parameter(compiled: Pa
         parameters = spec.root.input_definitions.parameters
         tasks = _all_tasks(spec)
         for pname, definition in parameters.items():
-            if pname.endswith("overrides"):
-                assert definition.description.strip(), (name, pname)  # the `Args:` line, shown in the UI
+            if pname.endswith("overrides"):  # the `Args:` line, shown in the UI
+                assert definition.description.strip(), f"{name}: add an `Args:` line for {pname} to its docstring"
         for tname, task in tasks.items():
             component = spec.components[task.component_ref.name]
             if "overrides" not in component.input_definitions.parameters:
@@ -396,7 +408,10 @@ def test_cached_tasks_key_on_the_content_of_what_they_read(compiled: Path) -> No
         for tname in cached:
             task = tasks[tname]
             digest = task.inputs.parameters["input_digest"].task_output_parameter.producer_task
-            assert digest and tasks[digest].component_ref.name.startswith("comp-digest-inputs"), (name, tname)
+            assert digest and tasks[digest].component_ref.name.startswith("comp-digest-inputs"), (
+                f"{name}: the cached task {tname} takes no input_digest from a digest step: wire it with "
+                "cached_stage(component, reads=[its URIs], ...) in pipelines/definitions.py, and give its component "
+                "an `input_digest: str = \"\"` input")
             assert not tasks[digest].caching_options.enable_cache, (name, digest)
             digested = {_pipeline_input(p) for p in tasks[digest].inputs.parameters.values()} - {""}
             read = {_pipeline_input(p) for p in task.inputs.parameters.values()
@@ -405,7 +420,9 @@ def test_cached_tasks_key_on_the_content_of_what_they_read(compiled: Path) -> No
                 producer = tasks[artifact.task_output_artifact.producer_task]
                 if kinds[spec.components[producer.component_ref.name].executor_label] == "importer":
                     read.add(_pipeline_input(producer.inputs.parameters["uri"]))
-            assert read and read <= digested, (name, tname, read - digested)
+            # A task that reads only upstream artifacts and a constant preset reads nothing by URI: nothing to add.
+            assert read <= digested, (f"{name}: the cached task {tname} reads {sorted(read - digested)} by URI, which "
+                                      "its digest step does not: add them to its cached_stage(reads=...)")
     recipe = validate(compiled / "klear-reasoner.yaml")
     (code_evaluate,) = [t for t in _all_tasks(recipe).values()
                         if t.task_info.name.startswith("evaluate: AIME / HMMT /")]

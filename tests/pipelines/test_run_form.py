@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
+from klear.cli import STAGES
 from klear.common.config import config_keys, document_overrides
 from klear.evaluate.config import EvaluateConfig
 from klear.gppo.config import GppoConfig
@@ -45,7 +46,10 @@ def test_every_input_of_every_component_and_pipeline_is_described(specs: dict[st
                 counted += 1
                 if not value.get("description"):
                     undescribed.append(f"{where}: {key}")
-    assert counted > 1000 and undescribed == []
+    assert counted > 1000
+    assert not undescribed, ("inputs without a description: add an `Args:` line for each to the docstring of its "
+                             "component (components/klear/<stage>/component.py) or pipeline (pipelines/definitions.py):"
+                             "\n" + "\n".join(undescribed))
 
 
 @pytest.mark.parametrize(("pipeline", "parameter", "config"), [
@@ -65,7 +69,9 @@ def test_every_override_parameter_lists_keys(specs: dict[str, dict[str, Any]]) -
     bare = [f"{name}: {key}" for name, spec in specs.items()
             for key, value in spec["root"]["inputDefinitions"]["parameters"].items()
             if key.endswith("overrides") and "Keys: " not in value["description"]]
-    assert bare == []
+    assert not bare, ("override parameters that do not list their keys: decorate their pipeline with "
+                      "@_listing_keys(overrides=<the component's OVERRIDE_KEYS>) in pipelines/definitions.py: "
+                      + ", ".join(bare))
 
 
 def test_loops_and_conditions_show_by_name(specs: dict[str, dict[str, Any]]) -> None:
@@ -90,12 +96,14 @@ def test_document_overrides_names_a_missing_entry() -> None:
         document_overrides(doc, {"missing": "a"})
 
 
-@pytest.mark.parametrize("command", ["gppo", "sft", "curate", "sample", "judge", "sft-data", "rl-filter", "evaluate",
-                                     "reward", "verify-code"])
+# Every stage of the registry, and the tools that take a config.
+@pytest.mark.parametrize("command", [*STAGES, "reward", "verify-code"])
 def test_help_keys_lists_every_key_with_its_description(command: str) -> None:
     result = klear(command, "--help-keys")
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert len(lines) > 5 and all(": " in line for line in lines), [line for line in lines if ": " not in line]
+    assert lines and all(": " in line for line in lines), (
+        f"klear {command} --help-keys: keys without a description (give each its pydantic.Field(description=...)): "
+        f"{[line for line in lines if ': ' not in line]}")
     if command in ("gppo", "reward"):
         assert any(line.startswith("reward.budget_s: wall-clock budget of one rollout's reward") for line in lines)

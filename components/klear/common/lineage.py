@@ -52,6 +52,7 @@ KEY_SETTINGS: dict[str, tuple[str, ...]] = {
     "sft": ("learning_rate", "min_learning_rate", "num_epochs", "max_length", "per_device_batch_size", "seed"),
     "rl-filter": ("task", "min_tests", "keep_above", "samples_per_problem"),
     "gppo": ("task", "loss", "eps_low", "eps_high", "learning_rate", "max_steps", "num_generations", "seed"),
+    "evaluate": ("code_prompt", "settings_check"),
 }
 # Manifest meta keys worth showing beside them (a stage's own headline figures).
 KEY_META = ("kept", "read", "records", "rows", "policy", "task", "global_step", "scores", "settings_hash", "seed")
