@@ -55,7 +55,7 @@ from klear.common.tracking import TRACKING_SECRET, TRACKING_SECRET_KEYS
 from klear.curate.component import OVERRIDE_KEYS as CURATE_KEYS
 from klear.curate.component import curate
 from klear.evaluate.component import OVERRIDE_KEYS as EVALUATE_KEYS
-from klear.evaluate.component import evaluate, evaluation_prompts
+from klear.evaluate.component import evaluate, evaluation_problems, evaluation_prompts
 from klear.gppo.component import OVERRIDE_KEYS as GPPO_KEYS
 from klear.gppo.component import gppo
 from klear.judge.component import OVERRIDE_KEYS as JUDGE_KEYS
@@ -63,14 +63,14 @@ from klear.judge.component import judge, judge_slice
 from klear.plan.component import plan_run, plan_stage
 from klear.register.component import register
 from klear.rl_filter.component import OVERRIDE_KEYS as RL_FILTER_KEYS
-from klear.rl_filter.component import rl_filter
+from klear.rl_filter.component import rl_filter, rl_filter_judge_settings
 from klear.sample.component import OVERRIDE_KEYS as SAMPLE_KEYS
 from klear.sample.component import sample, sample_slice
 from klear.serve.component import deploy_model
 from klear.sft.component import OVERRIDE_KEYS as SFT_KEYS
 from klear.sft.component import sft
 from klear.sft_data.component import OVERRIDE_KEYS as SFT_DATA_KEYS
-from klear.sft_data.component import sft_data
+from klear.sft_data.component import sft_data, sft_data_judge_settings
 from klear.training.component import launcher_resources
 
 S3_SECRET = "klear-s3"  # the Helm chart's Secret: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL, AWS_REGION
@@ -261,17 +261,31 @@ def _sample(what: str, prompts, preset, overrides, run_root, gpus, cpu, memory, 
     return _with_scratch(_on_cluster(task, "4", "32Gi"), MERGE_SCRATCH)
 
 
-def _judge(what: str, samples, config_of: str, preset, overrides, run_root, cpu, slices, digest, problems=None,
-           task: str = "", benchmark_uris=None) -> dsl.PipelineTask:
-    """One judging use in front of the stage that reads its rows (`config_of`: judged with that stage's judge
-    settings; evaluate's against its `benchmark_uris`), fanned out over `slices` CPU pods (a run-time parameter): a
-    ParallelFor of slice tasks, each retried on its own and all saving scores into the use's one work area
-    (<run_root>/work/judge-<what>-<key>, keyed by samples, problems and `digest`), then one merge task that
-    publishes the judged rows once every slice's part is there; cached by `digest`, as sampling is. Returns the
-    merge."""
-    arguments = dict(samples=samples, preset=preset, overrides=overrides, run_root=run_root, name=what,
-                     config_of=config_of, task=task, input_digest=digest, **({"problems": problems} if problems is not None else {}),
-                     **({"benchmark_uris": benchmark_uris} if benchmark_uris is not None else {}))
+def _judge_settings(task: dsl.PipelineTask, stage: str):
+    """The judge settings a stage hands to the judge step in front of it (its config's `judge` section, resolved
+    from its preset and overrides by its own component): never cached, a preset file may change in place; the
+    judge tasks are cached on the settings' text."""
+    task.set_display_name(f"judge settings: {stage}").set_caching_options(False)
+    return _on_cluster(task, "1", "2Gi").output
+
+
+def _evaluation_problems(benchmark_uris, preset, overrides, run_root, digest) -> dsl.PipelineTask:
+    """What the judge steps in front of evaluate judge with: its problems (outputs["problems"]) and its judge
+    settings (outputs["Output"]); cached by `digest`, which covers the benchmarks and the preset."""
+    task = evaluation_problems(benchmark_uris=benchmark_uris, preset=preset, overrides=overrides, run_root=run_root,
+                               input_digest=digest)
+    return _deterministic(task.set_display_name("evaluate: problems and judge settings"), "2", "8Gi")
+
+
+def _judge(what: str, samples, settings, run_root, cpu, slices, digest, problems=None) -> dsl.PipelineTask:
+    """One judging use in front of the stage that reads its rows, judged with the `settings` that stage handed
+    over (_judge_settings, _evaluation_problems) and against `problems` (else each sample's record), fanned out over
+    `slices` CPU pods (a run-time parameter): a ParallelFor of slice tasks, each retried on its own and all saving
+    scores into the use's one work area (<run_root>/work/judge-<what>-<key>, keyed by samples, problems and
+    `digest`), then one merge task that publishes the judged rows once every slice's part is there; cached by
+    `digest`, as sampling is. Returns the merge."""
+    arguments = dict(samples=samples, settings=settings, run_root=run_root, name=what, input_digest=digest,
+                     **({"problems": problems} if problems is not None else {}))
     parts = slice_list(count=slices).set_display_name(f"slices of judge: {what}").set_caching_options(False)
     parts.set_cpu_request("100m").set_memory_request("128Mi")
     with dsl.ParallelFor(parts.output, name=f"judge-slices-{what}") as part:
@@ -314,12 +328,12 @@ def _rl_filter(rl_task: str, problems, filter_samples, benchmark_uris, preset, o
     return _runs_untrusted_code(_deterministic(task, cpu))
 
 
-def _eval_judged(kind: str, samples: dict, benchmark_uris, preset, overrides, run_root, cpu, slices, digest) -> dict:
-    """Each model's evaluation samples of one kind judged in `slices` slices under the evaluate preset's judge
-    settings and against its benchmarks, so evaluate takes every verdict as it is (it still judges the other
-    math modes of judge.report_modes itself): label -> the judged rows."""
-    return {label: _judge(f"eval-{label}-{kind}", rows, "evaluate", preset, overrides, run_root, cpu, slices, digest,
-                          benchmark_uris=benchmark_uris).outputs["judged"] for label, rows in samples.items()}
+def _eval_judged(kind: str, samples: dict, judging: dsl.PipelineTask, run_root, cpu, slices, digest) -> dict:
+    """Each model's evaluation samples of one kind judged in `slices` slices with evaluate's judge settings and
+    against its problems (`judging`: _evaluation_problems), so evaluate takes every verdict as it is (it still judges
+    the other math modes of judge.report_modes itself): label -> the judged rows."""
+    return {label: _judge(f"eval-{label}-{kind}", rows, judging.outputs["Output"], run_root, cpu, slices, digest,
+                          problems=judging.outputs["problems"]).outputs["judged"] for label, rows in samples.items()}
 
 
 def _evaluate(models: dict, benchmark_uris, preset, overrides, run_root, digest, name: str, code: dict | None = None,
@@ -697,8 +711,10 @@ def klear_pipeline(
                         _digest("reference sampling inputs", recompute, reference_model_uri, preset=sample_preset),
                         model_uri=reference_model_uri, slices=reference_slices)
     sft_data_digest = _digest("sft-data inputs", recompute, base_model_uri, preset=sft_data_preset)
-    reference_judged = _judge("reference", reference.outputs["samples"], "sft-data", sft_data_preset,
-                              sft_data_overrides, run_root, judge_cpu, reference_judge_slices, sft_data_digest)
+    sft_data_judging = _judge_settings(sft_data_judge_settings(preset=sft_data_preset, overrides=sft_data_overrides),
+                                       "sft-data")
+    reference_judged = _judge("reference", reference.outputs["samples"], sft_data_judging, run_root, judge_cpu,
+                              reference_judge_slices, sft_data_digest)
     records = cached_stage(sft_data, digest=sft_data_digest, preset=sft_data_preset,
                            teacher_samples=teacher.outputs["samples"], reference_samples=reference_judged.outputs["judged"],
                            target_model=base.output, overrides=sft_data_overrides, run_root=run_root)
@@ -722,9 +738,11 @@ def klear_pipeline(
                            endpoint=filter_endpoint, served_model=filter_served_model, key_secret=filter_key_secret,
                            slices=filter_slices, after=teacher, slice_scratch=ENDPOINT_SLICE_SCRATCH)
         # Judged against the problems as rl-filter reads them (its judge settings, every problem as this task).
-        judged = _judge(f"filter-{rl_task}", filtered.outputs["samples"], "rl-filter", rl_filter_preset,
-                        filtering_overrides, run_root, judge_cpu, judge_slices, digest, problems=problems.output,
-                        task=rl_task)
+        filter_judging = _judge_settings(rl_filter_judge_settings(preset=rl_filter_preset,
+                                                                  overrides=filtering_overrides, task=rl_task),
+                                         f"rl-filter {rl_task}")
+        judged = _judge(f"filter-{rl_task}", filtered.outputs["samples"], filter_judging, run_root, judge_cpu,
+                        judge_slices, digest, problems=problems.output)
         rl_data[rl_task] = _rl_filter(rl_task, problems.output, judged.outputs["judged"], benchmark_uris,
                                       rl_filter_preset, filtering_overrides, run_root, digest, judge_cpu
                                       ).outputs["rl_data"]
@@ -740,6 +758,7 @@ def klear_pipeline(
                            benchmark_uris=benchmark_uris, overrides=evaluate_overrides,
                            sampling_overrides=eval_sample_overrides, run_root=run_root)
     _deterministic(prompts.set_display_name("evaluate: benchmark prompts"), "2", "8Gi")
+    judging = _evaluation_problems(benchmark_uris, evaluate_preset, evaluate_overrides, run_root, benchmarks)
     models = {"rl": code_rl.outputs["model"], "sft": tuned.outputs["model"], "base": base.output}
     # The trained models are this run's artifacts (their URIs key the cache); the base model is read by URI.
     trained_sampling = _digest("evaluation sampling config", recompute, preset=sample_preset)
@@ -752,8 +771,7 @@ def klear_pipeline(
                                   eval_memory, scheduling, sampling_digests[label], model=model, slices=eval_slices,
                                   after=teacher if label == "base" else None).outputs["samples"]
                    for label, model in models.items()}
-        return _eval_judged(kind, samples, benchmark_uris, evaluate_preset, evaluate_overrides, run_root, judge_cpu,
-                            evaluate_judge_slices, benchmarks)
+        return _eval_judged(kind, samples, judging, run_root, judge_cpu, evaluate_judge_slices, benchmarks)
 
     math_samples = eval_samples("math")  # judged once, read by both evaluations
     math_evaluation = _evaluate(math_samples, benchmark_uris, evaluate_preset, evaluate_overrides, run_root,
@@ -1096,8 +1114,9 @@ def evaluate_pipeline(model_uri: str, run_root: str, benchmark_uris: list = [], 
                    (gpu_node_selector, gpu_tolerations),
                    _digest("model sampling inputs", recompute, model_uri, preset=sample_preset), model=model.output,
                    slices=slices)
-    judged = _judge("eval-math", math.outputs["samples"], "evaluate", preset, overrides, run_root, judge_cpu,
-                    judge_slices, digest, benchmark_uris=benchmark_uris)
+    judging = _evaluation_problems(benchmark_uris, preset, overrides, run_root, digest)
+    judged = _judge("eval-math", math.outputs["samples"], judging.outputs["Output"], run_root, judge_cpu,
+                    judge_slices, digest, problems=judging.outputs["problems"])
     task = cached_stage(evaluate, digest=digest, preset=preset, samples=judged.outputs["judged"],
                         benchmark_uris=benchmark_uris, overrides=overrides, run_root=run_root, label="model")
     summary = _runs_untrusted_code(_deterministic(task.set_display_name("evaluate"), judge_cpu)).outputs["summary"]
@@ -1133,8 +1152,9 @@ def evaluate_samples_pipeline(samples_uri: str, run_root: str, benchmark_uris: l
     """
     samples = _import(samples_uri, dsl.Dataset, "samples")
     digest = _digest("evaluate inputs", recompute, samples_uri, uris=benchmark_uris, preset=preset)
-    judged = _judge("eval-samples", samples.output, "evaluate", preset, overrides, run_root, judge_cpu, judge_slices,
-                    digest, benchmark_uris=benchmark_uris)
+    judging = _evaluation_problems(benchmark_uris, preset, overrides, run_root, digest)
+    judged = _judge("eval-samples", samples.output, judging.outputs["Output"], run_root, judge_cpu, judge_slices,
+                    digest, problems=judging.outputs["problems"])
     task = cached_stage(evaluate, digest=digest, preset=preset, samples=judged.outputs["judged"],
                         benchmark_uris=benchmark_uris, overrides=overrides, run_root=run_root, label=label)
     summary = _runs_untrusted_code(_deterministic(task.set_display_name("evaluate"), judge_cpu)).outputs["summary"]

@@ -25,6 +25,7 @@ COMMANDS = {
     "rl-filter": "klear.rl_filter.stage",
     "evaluate": "klear.evaluate.stage",
     "evaluate-prompts": "klear.evaluate.stage",
+    "evaluate-problems": "klear.evaluate.stage",
     "verify-math": "klear.verifiers.cli",
     "verify-code": "klear.verifiers.cli",
     "reward": "klear.gppo.reward_command",  # a tool: a GPPO reward configuration on given rollouts

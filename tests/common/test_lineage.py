@@ -156,7 +156,7 @@ def test_a_changed_source_changes_every_digest_along_a_chain_of_real_stages(
 
 def test_load_config_keeps_the_presets_a_config_was_built_from(tmp_path: Path) -> None:
     from klear.common.config import describe_preset, preset_of
-    from klear.judge.stage import stage_judge_config
+    from klear.rl_filter.config import RlFilterConfig
     from klear.sample.config import SampleConfig
 
     own = tmp_path / "mine.yaml"
@@ -166,8 +166,8 @@ def test_load_config_keeps_the_presets_a_config_was_built_from(tmp_path: Path) -
     assert preset_of(config.model_dump(mode="json")) == preset_of(config)  # found by content, as manifests hold it
     assert describe_preset(preset_of(config)) == f"{own} (on tiny on paper) + seed=5"
     assert preset_of(load_config(SampleConfig, str(own), ["seed=6"]))["overrides"] == ["seed=6"]  # type: ignore[index]
-    # A stage judging with another stage's judge settings: that stage's preset, and which section.
-    judge = stage_judge_config("rl-filter", "tiny", [], "math")
+    # A section of a loaded config (the judge settings rl-filter hands a judge step): its preset, and which section.
+    judge = load_config(RlFilterConfig, "tiny", ["judge.task=math"]).judge
     assert describe_preset(preset_of(judge)) == "tiny + judge.task=math, section RlFilterConfig.judge"
     assert describe_preset(preset_of(load_config(SampleConfig))) == "defaults"
     assert preset_of({"not": "a loaded config"}) is None

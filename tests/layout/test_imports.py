@@ -1,14 +1,16 @@
 """The package's layers, checked from the source so they stay true as stages are added.
 
 Dependencies point one way: every stage -> common; training stages -> training; stages that judge samples ->
-verifiers; the `klear` command -> stages only through its registry of module names (no import); pipelines ->
-stage components. What runs in the CPU image (TORCH_FREE, from the stage registry `klear.cli.STAGES`) is
-importable without torch.
+verifiers and judge (never judge -> a stage that judges: the consumer hands the judge its settings and problems);
+the `klear` command -> stages only through its registry of module names (no import); pipelines -> stage
+components. What runs in the CPU image (TORCH_FREE, from the stage registry `klear.cli.STAGES`) is importable
+without torch.
 """
 
 from __future__ import annotations
 
 import ast
+import graphlib
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +22,10 @@ from klear.cli import STAGES, stage_package
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "components" / "klear"
 
-# Sub-package -> the sub-packages it may import. A new stage adds its line here, on purpose.
+# Sub-package -> the sub-packages it may import. A new stage adds its line here, on purpose. An edge is one way: a
+# package never lists one that lists it (test_layers_point_one_way), so a library stage (judge, sample) never
+# imports a stage that uses it; such a stage hands the library what it needs instead (its config's section, its
+# problems: see klear.judge.config.judge_config and evaluate's evaluation_problems step).
 ALLOWED: dict[str, set[str]] = {
     "common": set(),
     "testsets": set(),
@@ -32,9 +37,9 @@ ALLOWED: dict[str, set[str]] = {
     "sft": {"common", "training"},
     # evaluate: validation during RL runs the evaluation's own protocol and judge on the policy.
     "gppo": {"common", "training", "verifiers", "evaluate"},
-    # sft_data, rl_filter, evaluate: a judge step of the DAG judges with the judge settings of the stage it feeds
-    # (their config modules only, imported when asked: stage_judge_config), and evaluate's problems (problems_of).
-    "judge": {"common", "verifiers", "sft_data", "rl_filter", "evaluate"},
+    # Knows no consumer: sft-data, rl-filter and evaluate hand a judge step their `judge` section (and evaluate its
+    # problems) through their own components.
+    "judge": {"common", "verifiers"},
     "sft_data": {"common", "judge"},
     # testsets: the shipped benchmarks are its default decontamination sets, as for curate.
     "rl_filter": {"common", "judge", "curate", "testsets"},
@@ -95,19 +100,61 @@ def test_every_subpackage_has_declared_dependencies() -> None:
     assert owners <= set(ALLOWED), f"declare the layer of {sorted(owners - set(ALLOWED))} in ALLOWED"
 
 
+def layer_violations(owner: str, imported: set[str], allowed: dict[str, set[str]]) -> list[str]:
+    """Why each `klear.*` module `owner` imports is against the layers (a sub-package `owner` may not import)."""
+    wrong = []
+    for module in sorted(imported):
+        target = _subpackage(module)
+        if target is not None and target != owner and target not in allowed[owner]:
+            wrong.append(f"{owner} imports {module}")
+    return wrong
+
+
+_HOW_TO_FIX = ("\nA package imports only what its ALLOWED line in tests/layout/test_imports.py lists. Do not add a "
+               "stage that uses this package to its line (the layers point one way): have that stage hand over what "
+               "is needed (a config section, a problems file, a callable) as an argument or a step's output.")
+
+
 def test_imports_point_one_way() -> None:
     wrong = []
     for path in _modules():
         owner = _owner(path)
         if owner == "__init__":
             continue
-        for module in _klear_imports(path):
-            target = _subpackage(module)
-            if target is None or target == owner:
-                continue
-            if target not in ALLOWED[owner]:
-                wrong.append(f"{path.relative_to(ROOT)}: {owner} imports {module}")
-    assert not wrong, "imports against the layering:\n" + "\n".join(wrong)
+        wrong += [f"{path.relative_to(ROOT)}: {why}" for why in layer_violations(owner, _klear_imports(path), ALLOWED)]
+    assert not wrong, "imports against the layering:\n" + "\n".join(wrong) + _HOW_TO_FIX
+
+
+def layer_cycle(allowed: dict[str, set[str]]) -> list[str]:
+    """A cycle of packages allowed to import each other in turn ([] = none): the layers must form a DAG."""
+    try:
+        graphlib.TopologicalSorter(allowed).prepare()
+    except graphlib.CycleError as exc:
+        return list(exc.args[1])
+    return []
+
+
+def test_layers_point_one_way() -> None:
+    """No packages may import each other, directly or in a ring: the edge a new reach-up would need is refused
+    here too, so it cannot be slipped in by adding the consumer to the library's ALLOWED line."""
+    cycle = layer_cycle(ALLOWED)
+    assert not cycle, "packages allowed to import each other in turn: " + " -> ".join(cycle) + _HOW_TO_FIX
+
+
+def test_a_new_reach_up_is_reported(tmp_path: Path) -> None:
+    """A judge module importing a stage that uses the judge (its config, at module level or inside a function)
+    fails the check, naming the module; one importing only its own layers passes."""
+    module = tmp_path / "stage.py"
+    module.write_text("from klear.common import storage\nfrom klear.judge.io import fingerprint\n"
+                      "def config_of():\n    from klear.sft_data.config import SftDataConfig\n"
+                      "    import klear.evaluate.benchmarks\n")
+    assert layer_violations("judge", _klear_imports(module), ALLOWED) == [
+        "judge imports klear.evaluate.benchmarks", "judge imports klear.sft_data.config"]
+    module.write_text("from klear.common import storage\nfrom klear.verifiers import math_verifier\n")
+    assert layer_violations("judge", _klear_imports(module), ALLOWED) == []
+    # Allowing it back would make judge and sft_data import each other: the one-way check refuses that.
+    assert set(layer_cycle({**ALLOWED, "judge": ALLOWED["judge"] | {"sft_data"}})) == {"judge", "sft_data"}
+    assert {"common", "evaluate"} <= set(layer_cycle({**ALLOWED, "common": {"evaluate"}}))  # a ring through them
 
 
 def test_nothing_in_the_package_imports_pipelines() -> None:

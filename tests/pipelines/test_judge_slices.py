@@ -8,13 +8,13 @@ from google.protobuf import json_format
 from pipelines.compile import validate
 from tests.pipelines.test_sample_slices import _source
 
-# The display name of each judging use's merge -> (its slice-count parameter, the stage whose judge settings it
-# uses, the task every problem is judged as).
-USES = {"reference": ("reference_judge_slices", "sft-data", ""),
-        "filter-math": ("filter_math_judge_slices", "rl-filter", "math"),
-        "filter-code": ("filter_code_judge_slices", "rl-filter", "code"),
-        **{f"eval-{label}-{kind}": ("evaluate_judge_slices", "evaluate", "") for label in ("rl", "sft", "base")
-           for kind in ("math", "code")}}
+# The display name of each judging use's merge -> (its slice-count parameter, the step that hands it the judge
+# settings of the stage reading its rows, the task that step has every problem judged as).
+USES = {"reference": ("reference_judge_slices", "judge settings: sft-data", ""),
+        "filter-math": ("filter_math_judge_slices", "judge settings: rl-filter math", "math"),
+        "filter-code": ("filter_code_judge_slices", "judge settings: rl-filter code", "code"),
+        **{f"eval-{label}-{kind}": ("evaluate_judge_slices", "evaluate: problems and judge settings", "")
+           for label in ("rl", "sft", "base") for kind in ("math", "code")}}
 
 
 @pytest.fixture(scope="module")
@@ -28,13 +28,17 @@ def spec(tmp_path_factory: pytest.TempPathFactory):
     return validate(path)
 
 
-def _constant(parameter) -> str:
-    return str(json_format.MessageToDict(parameter.runtime_value.constant))
+def _tasks(spec) -> dict:
+    """Every task of the compiled pipeline by its name in its DAG (names are unique across the DAGs)."""
+    return {name: task for component in [spec.root, *spec.components.values()]
+            if component is spec.root or component.WhichOneof("implementation") == "dag"
+            for name, task in component.dag.tasks.items()}
 
 
 def test_each_judging_use_is_a_parallel_for_of_slices_then_a_merge(spec) -> None:
     dags = {"": spec.root.dag} | {name: c.dag for name, c in spec.components.items()
                                   if c.WhichOneof("implementation") == "dag"}
+    tasks = _tasks(spec)
     found = {}
     for dag in dags.values():
         for task in dag.tasks.values():
@@ -56,11 +60,17 @@ def test_each_judging_use_is_a_parallel_for_of_slices_then_a_merge(spec) -> None
             assert task.caching_options.enable_cache, use
             # Slices and merge write one output (one work area), judged under one stage's settings.
             assert _source(piece.inputs.parameters["input_digest"]) == _source(task.inputs.parameters["input_digest"])
-            for key in ("name", "config_of", "task", "preset", "run_root"):
-                assert _constant(piece.inputs.parameters[key]) == _constant(task.inputs.parameters[key]), (use, key)
+            for key in ("name", "settings", "run_root"):
+                assert _source(piece.inputs.parameters[key]) == _source(task.inputs.parameters[key]), (use, key)
+            assert not {"preset", "overrides"} & set(task.inputs.parameters), use  # the handed settings only
             assert piece.inputs.parameters["cpu"].component_input_parameter.endswith("judge_cpu"), use
-            found[use] = (count, piece.inputs.parameters["config_of"].runtime_value.constant.string_value,
-                          piece.inputs.parameters["task"].runtime_value.constant.string_value)
+            handing = tasks[_source(task.inputs.parameters["settings"]).removesuffix("-Output")]
+            # The settings steps read a preset (a file may change in place): never cached, but evaluate's problems
+            # step, keyed by the digest of its benchmarks and preset.
+            assert handing.caching_options.enable_cache == ("input_digest" in handing.inputs.parameters), use
+            task_of = handing.inputs.parameters["task"].runtime_value.constant.string_value \
+                if "task" in handing.inputs.parameters else ""
+            found[use] = (count, handing.task_info.name, task_of)
     assert found == USES
     parameters = spec.root.input_definitions.parameters
     for count, _, _ in USES.values():
@@ -85,11 +95,10 @@ def test_the_cpu_of_every_judging_task_is_a_run_time_parameter(spec) -> None:
 
 
 def test_every_evaluate_task_reads_judge_merges_of_its_own_settings(spec) -> None:
-    """Each sample input of each evaluate task is the merge of a judging use under evaluate's preset, overrides and
-    benchmarks (so evaluate reuses every verdict); the math uses are judged once for both evaluations."""
-    tasks = {name: task for component in [spec.root, *spec.components.values()]
-             if component is spec.root or component.WhichOneof("implementation") == "dag"
-             for name, task in component.dag.tasks.items()}
+    """Each sample input of each evaluate task is the merge of a judging use with the judge settings and problems
+    that evaluate's own step made from its preset, overrides and benchmarks (so evaluate reuses every verdict); the
+    math uses are judged once for both evaluations."""
+    tasks = _tasks(spec)
     evaluations = {name: task for name, task in tasks.items() if task.component_ref.name.startswith("comp-evaluate")
                    and not task.component_ref.name.startswith("comp-evaluation-prompts")}
     assert sorted(t.task_info.name for t in evaluations.values()) == ["evaluate: AIME / HMMT",
@@ -104,9 +113,14 @@ def test_every_evaluate_task_reads_judge_merges_of_its_own_settings(spec) -> Non
                 "pipelinechannel--").removesuffix("-judged")
             merge = tasks[producer]
             assert merge.component_ref.name.startswith("comp-judge") and "slice" not in merge.component_ref.name, key
-            assert merge.inputs.parameters["config_of"].runtime_value.constant.string_value == "evaluate", key
+            handing = tasks[_source(merge.inputs.parameters["settings"]).removesuffix("-Output")]
+            problems = merge.inputs.artifacts["problems"]
+            assert (problems.task_output_artifact.producer_task or problems.component_input_artifact.removeprefix(
+                "pipelinechannel--").removesuffix("-problems")) == _source(merge.inputs.parameters["settings"]
+                                                                           ).removesuffix("-Output"), key
+            assert handing.component_ref.name.startswith("comp-evaluation-problems"), key
             for parameter, source in (("preset", "evaluate_preset"), ("overrides", "evaluate_overrides"),
                                       ("benchmark_uris", "benchmark_uris")):
-                assert merge.inputs.parameters[parameter].component_input_parameter.endswith(source), (key, parameter)
+                assert handing.inputs.parameters[parameter].component_input_parameter.endswith(source), (key, parameter)
             read.add(merge.task_info.name)
     assert len(read) == 6, read

@@ -95,9 +95,10 @@ def test_evaluate_reruns_on_saved_samples(compiled: Path, s3_bucket: str, tmp_pa
         "samples_uri": str(sampled), "benchmark_uris": [benchmark], "preset": "demo", "label": "rescored",
         "run_root": run_root}, compiled)
     (second_run,) = _runs(run_root) - {first_run}
-    # Judged (in slices, here one) under the evaluate preset, then scored: no sampling.
-    assert {name.split("/", 1)[0] for name in storage.list_files(root.join(second_run))} == {"judge-eval-samples",
-                                                                                            "evaluate"}
+    # Judged (in slices, here one) with the judge settings and problems of the evaluate preset, then scored: no
+    # sampling.
+    assert {name.split("/", 1)[0] for name in storage.list_files(root.join(second_run))} == {
+        "evaluate-problems", "judge-eval-samples", "evaluate"}
     again = json.loads(storage.read_bytes(root.join(second_run, "evaluate", "report.json")))
     before, after = first["models"]["model"]["benchmarks"]["demo"], again["models"]["rescored"]["benchmarks"]["demo"]
     assert (after["k"], after["problems"], after["samples"]) == (4, 6, 24)

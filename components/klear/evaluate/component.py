@@ -153,3 +153,40 @@ def evaluation_prompts(
     PromptOutputs = namedtuple("PromptOutputs", ["math_prompts_n", "code_prompts_n", "math_sample_overrides",
                                                  "code_sample_overrides"])
     return PromptOutputs(counts["math"], counts["code"], sample_overrides["math"], sample_overrides["code"])
+
+
+@dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
+def evaluation_problems(
+    benchmark_uris: list,
+    preset: str,
+    overrides: list,
+    run_root: str,
+    problems: Output[Dataset],
+    input_digest: str = "",
+) -> str:
+    """What a judge step in front of evaluate needs to judge as evaluate would itself: the problems evaluate judges
+    against (its benchmarks, as it reads them) and its judge settings; evaluate then takes every verdict as it is.
+
+    Args:
+        benchmark_uris: math sets and LiveCodeBench code_generation_lite JSONL files; [] = the shipped math sets.
+        preset: evaluate config preset (a name in klear/evaluate/presets/) or a YAML file path.
+        overrides: evaluate config overrides, "key=value" strings (judge.* keys set the judge's).
+        run_root: where the problems go, `<run_root>/<run id>/evaluate-problems`.
+        problems: the published `problems.jsonl` (id, answer, tests, fn_name), the judge steps' `problems`.
+        input_digest: the content digest of the inputs read by URI (the digest_inputs step): part of KFP's
+            cache key, so a cached result is served only for the same content; recorded in the output's metadata.
+
+    Returns:
+        The config's `judge` section as JSON, the `settings` of the judge components.
+    """
+    from klear.common import kfp_io
+    from klear.common.config import load_config
+    from klear.evaluate.config import EvaluateConfig
+    from klear.evaluate.stage import write_problems
+    from klear.judge.config import settings_json
+
+    config = load_config(EvaluateConfig, preset, list(overrides))
+    target = kfp_io.output_location(run_root, "evaluate-problems")
+    report = write_problems(target, config, list(benchmark_uris))
+    kfp_io.record_output(problems, target, {"problems": report["problems"], "input_digest": input_digest})
+    return settings_json(config.judge)

@@ -3,6 +3,7 @@
     klear evaluate --samples [LABEL=]URI [...] --output URI [--benchmark URI ...] [--config PRESET|FILE]
     klear evaluate --model [LABEL=]URI --output URI [--sample-output URI] [--benchmark URI ...] [--config ...]
     klear evaluate-prompts --output URI [--benchmark URI ...] [--config ...]
+    klear evaluate-problems --output URI [--benchmark URI ...] [--config ...]
 
 Samples are rows of `klear sample` (published outputs or Parquet/JSONL files); `--samples sft=URI rl=URI` puts
 models side by side (unlabeled: "model"; one label may have several sources, e.g. its math and its code samples).
@@ -27,7 +28,10 @@ samples first through klear.sample (one output per (kind, k) group under --sampl
     judged.parquet      per judged sample: label, id, sample, correct, verdict, passed, total, finish_reason, tokens
 
 `evaluate-prompts` publishes the prompts the protocol samples (`<kind>-k<k>.jsonl`, with a sample-stage config
-`sampling-<kind>-k<k>.yaml` each), for pipelines that run the sample stage as its own step.
+`sampling-<kind>-k<k>.yaml` each), for pipelines that run the sample stage as its own step. `evaluate-problems`
+publishes the problems evaluate judges against (`problems.jsonl`: id, answer, tests, fn_name, as klear.judge reads
+them back), for a judge step in front of evaluate (`klear judge --problems URI` with the config's judge section):
+evaluate then takes its verdicts as they are.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ import json
 import logging
 import tempfile
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from importlib import metadata
 from pathlib import Path
@@ -63,14 +67,17 @@ from klear.evaluate.scoring import ProblemScore, SampleScore, Selection, score_b
 from klear.judge import Judge, Judgement
 from klear.judge.io import JUDGE_COLUMNS, ScoreStore, fingerprint, references_key, settings_key
 from klear.judge.modes import ModeComparison
+from klear.judge.problems import problem_from_row, problem_row
 from klear.sample.config import SampleConfig
 from klear.verifiers.config import VerifierConfig
 
-__all__ = ["check_sampling", "prompt_groups", "run", "sample_overrides", "sample_then_run", "write_prompts"]
+__all__ = ["check_sampling", "judge_problem_rows", "prompt_groups", "run", "sample_overrides", "sample_then_run",
+           "write_problems", "write_prompts"]
 
 log = logging.getLogger("klear.evaluate")
 STAGE = DataStage("evaluate", EvaluateConfig, render_markdown)
 PROMPTS_STAGE = DataStage("evaluate-prompts", EvaluateConfig)  # report.json only
+PROBLEMS_STAGE = DataStage("evaluate-problems", EvaluateConfig)  # report.json only
 
 SELECTION_RULE = ("Each problem counts its first k samples by sample index; more are ignored (counted in the notes), "
                   "fewer is an error.")
@@ -616,6 +623,38 @@ def write_prompts(output: str, config: EvaluateConfig, benchmarks: Sequence[str]
     return report
 
 
+def judge_problem_rows(bench: BenchmarkSet, task: str) -> list[dict[str, Any]]:
+    """The benchmarks' problems as rows of a problems file for a judge step judging every problem as `task`; each
+    must read back as the very reference evaluate judges against (else the step's verdicts would not be taken),
+    an error naming the problem otherwise."""
+    rows = []
+    for pid, item in bench.problems.items():
+        row = problem_row(item.problem)
+        back = problem_from_row(row, task)
+        if back is None or back.reference_hash != item.problem.reference_hash:
+            raise ConfigError(f"benchmark problem {pid!r} ({item.where}): judged as task {task!r} its reference would "
+                              "differ from evaluate's (e.g. judge.task=math on a code problem); set judge.task=auto")
+        rows.append(row)
+    return rows
+
+
+def write_problems(output: str, config: EvaluateConfig, benchmarks: Sequence[str] = (),
+                   loaded: BenchmarkSet | None = None) -> dict[str, Any]:
+    """Publish the problems evaluate judges against (`problems.jsonl`), for a judge step in front of it."""
+    checked = PROBLEMS_STAGE.check(output, {"benchmark": benchmarks})
+    bench = loaded or load_benchmarks(benchmarks, config)
+    rows = judge_problem_rows(bench, config.judge.task)
+    if not rows:
+        raise ValueError("no problems in the selected benchmarks: nothing to judge against")
+    with checked.open() as out:
+        _write_jsonl(rows, out.staging / "problems.jsonl")
+        kinds = dict(sorted(Counter(item.kind for item in bench.problems.values()).items()))
+        report = {"stage": "evaluate-problems", "problems": len(rows), "kinds": kinds,
+                  "benchmark_files": bench.sources}
+        out.publish(report, {"problems": len(rows), "kinds": kinds})
+    return report
+
+
 def sample_then_run(output: str, config: EvaluateConfig, benchmarks: Sequence[str] = (), model: str | None = None,
                     label: str = "model", sample_output: str | None = None, endpoint: str | None = None,
                     served_model: str | None = None, samples: Iterable[SampleSource | str] = ()) -> dict[str, Any]:
@@ -673,6 +712,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                          help="math sets and LiveCodeBench code_generation_lite files (default math: the shipped sets)")
     PROMPTS_STAGE.add_main(prompts, lambda args, config: write_prompts(args.output, config, args.benchmark),
                            lambda report: report["groups"])
+
+    problems = subparsers.add_parser("evaluate-problems", help="the problems evaluate judges against, for a judge step",
+                                     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    problems.add_argument("--output", required=True, metavar="URI", help="output location (path, file:// or s3://)")
+    problems.add_argument("--benchmark", nargs="+", action="extend", default=[], metavar="URI",
+                          help="math sets and LiveCodeBench code_generation_lite files (default math: the shipped sets)")
+    PROBLEMS_STAGE.add_main(problems, lambda args, config: write_problems(args.output, config, args.benchmark),
+                            lambda report: report["kinds"])
 
 
 def _sample_or_score(args: argparse.Namespace, config: EvaluateConfig) -> dict[str, Any]:

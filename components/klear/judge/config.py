@@ -1,12 +1,18 @@
-"""Config of the judge stage (and of the judge library that sft-data, rl-filter and evaluate use)."""
+"""Config of the judge stage (and of the judge library that sft-data, rl-filter and evaluate use).
+
+JudgeConfig is also the `judge` section each of those stages' configs embeds. A judge step in front of such a
+stage judges with that section, which the stage hands over (settings_json: its own component resolves its preset
+and overrides); the judge never reads another stage's config.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import ClassVar, Literal
 
 import pydantic
 
-from klear.common.config import StageConfig
+from klear.common.config import ConfigError, StageConfig, load_config
 from klear.verifiers.config import VerifierConfig
 
 Task = Literal["auto", "math", "code"]
@@ -36,13 +42,32 @@ class JudgeConfig(StageConfig):
     verifier: VerifierConfig = VerifierConfig()
 
 
-def work_area(run_root: str, name: str, samples: str, problems: str | None, benchmark_uris: list, config_of: str,
-              task: str, input_digest: str) -> str:
+def settings_json(config: JudgeConfig) -> str:
+    """The judge settings a stage hands to a judge step: its config's `judge` section, as JSON (judge_config)."""
+    return config.model_dump_json()
+
+
+def judge_config(settings: str = "", preset: str = "", overrides: Sequence[str] = ()) -> JudgeConfig:
+    """The settings a judge step judges with: those a stage handed over (`settings`: settings_json of its config's
+    `judge` section), else a judge preset (name or YAML path; "" = the defaults) with `key=value` overrides."""
+    if not settings:
+        return load_config(JudgeConfig, preset or None, list(overrides))
+    if preset or overrides:
+        # Overrides on top of handed settings would judge otherwise than the stage that reads the rows.
+        raise ConfigError(f"judge settings: handed settings and a preset ({preset!r}) or overrides ({list(overrides)}) "
+                          "exclude each other; set them in the handing stage's config (its judge.* keys)")
+    try:
+        return JudgeConfig.model_validate_json(settings)
+    except pydantic.ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(p) for p in err['loc']) or '(root)'}: {err['msg']}" for err in exc.errors())
+        raise ConfigError(f"judge settings handed over are not a judge config: {problems}") from None
+
+
+def work_area(run_root: str, name: str, samples: str, problems: str | None, input_digest: str) -> str:
     """The work area every slice and the merge of one judging use share, keyed by what it judges (the samples,
-    the problems, their content digest) and as which stage; not by the run, so a new run judging the same
-    samples finds every score an earlier one saved (the scores inside are kept per judge settings)."""
+    the problems, their content digest); not by the run, so a new run judging the same samples finds every score
+    an earlier one saved (the scores inside are kept per judge settings)."""
     from klear.common import kfp_io
 
     return kfp_io.work_location(run_root, f"judge-{name}" if name else "judge", {
-        "samples": samples, "problems": problems, "benchmarks": list(benchmark_uris), "config_of": config_of,
-        "task": task, "inputs": input_digest})
+        "samples": samples, "problems": problems, "inputs": input_digest})

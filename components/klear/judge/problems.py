@@ -18,7 +18,7 @@ from typing import Any, Literal
 from klear.common.records import RecordError, Source, iter_training_records, unwrap_record
 from klear.common.sample_rows import prompt_text
 
-__all__ = ["Problem", "ProblemError", "load_problems", "parse_tests", "problem_from_row"]
+__all__ = ["Problem", "ProblemError", "load_problems", "parse_tests", "problem_from_row", "problem_row"]
 
 Kind = Literal["math", "code"]
 
@@ -112,6 +112,14 @@ def problem_from_row(row: Mapping[str, Any], task: str = "auto",
         tests, fn_name = None, None
     return Problem.make(pid, kind, answer, tests, str(fn_name) if fn_name else None, source,
                         prompt if isinstance(prompt, str) else "")
+
+
+def problem_row(problem: Problem) -> dict[str, Any]:
+    """A problems-file row that problem_from_row reads back as `problem` (same reference, so the same verdicts
+    and resume keys): how a stage hands its own problems to a judge step (evaluate's benchmarks). Tests as JSON
+    text: one column type whatever the test cases hold."""
+    return {"id": problem.id, "answer": problem.answer, "fn_name": problem.fn_name, "source": problem.source,
+            "prompt": problem.prompt, "tests": json.dumps(problem.tests) if problem.tests is not None else None}
 
 
 def load_problems(spec: str, task: str = "auto") -> Iterator[tuple[str, Problem]]:

@@ -38,7 +38,7 @@ import logging
 import re
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -158,32 +158,29 @@ def _judge_batch(table: pa.Table, judge: Judge | SliceScores, problems: Mapping[
 
 
 def run(samples: str, output: str, config: JudgeConfig, problems: str | None = None, work: str | None = None,
-        slice_spec: str | None = None, merge: bool = False,
-        stage_problems: tuple[Mapping[str, Problem], Sequence[str]] | None = None) -> dict[str, Any]:
+        slice_spec: str | None = None, merge: bool = False) -> dict[str, Any]:
     """Judge the samples at `samples` and publish to `output`; returns the report.
 
     `slice_spec` "I/N": judge only the samples of slice I of N into the work area, publish nothing (run_slice);
-    `merge`: judge nothing, publish from the slices' scores once every slice's part is there. `stage_problems`:
-    without `problems`, the problems a stage judges against (evaluate's benchmarks: see `problems_of`) and the
-    URIs they were read from; the output records their `references_key`."""
+    `merge`: judge nothing, publish from the slices' scores once every slice's part is there. With `problems`,
+    the output records their `references_key`: a stage that takes the verdicts as they are (evaluate, handing
+    its benchmarks as a problems file) checks they were judged against its own problems."""
     started = time.monotonic()
     if slice_spec is not None and merge:
         raise ValueError("--slice and --merge exclude each other: slices judge, the merge publishes")
     part = parse_slice(slice_spec) if slice_spec is not None else None
     sliced = part is not None or merge
     work_uri = str(work or work_beside(storage.Uri.parse(output))) if sliced else None
-    given = stage_problems if not problems else None
-    read: str | Sequence[str] | None = problems or (list(given[1]) if given is not None else None)
-    checked = STAGE.check(output, {"samples": samples, "problems": read}, work=work_uri,
+    checked = STAGE.check(output, {"samples": samples, "problems": problems}, work=work_uri,
                           role="--output" if sliced else "output")
     if checked.work is not None:
         refuse_foreign_work(checked.work, is_work_file, "judge")
-    problem_map = load_problem_map(problems, config.task) if problems else dict(given[0]) if given is not None else None
+    problem_map = load_problem_map(problems, config.task) if problems else None
     if part is not None:
-        return run_slice(part, samples, read, checked, config, problem_map, started)
+        return run_slice(part, samples, problems, checked, config, problem_map, started)
     sampled_under = sample_settings_of(samples)
     tally = _Tally()
-    merged = SliceScores.open(checked, config, inputs_digest(samples, read)) if merge else None
+    merged = SliceScores.open(checked, config, inputs_digest(samples, problems)) if merge else None
     if merged is not None and merged.published is not None:
         return merged.published  # a retried merge whose first try had published
     # Each part goes up once closed (out.ship), so the pod's disk holds a part or two, never the output; a refusal
@@ -228,13 +225,13 @@ def run(samples: str, output: str, config: JudgeConfig, problems: str | None = N
             raise SampleInputError(f"{samples} holds no sample rows: nothing to judge, nothing published")
         unmatched = tally.unmatched()
         if unmatched == tally.samples:
-            where = f"the problems of {problems}" if problems else "the stage's problems" if given else "their records"
+            where = f"the problems of {problems}" if problems else "their records"
             raise SampleInputError(
                 f"none of the {tally.samples} samples in {samples} matches a problem of {where} (sample ids such as "
                 f"{', '.join(tally.unknown_examples[:5])}): judging nothing is no result, nothing published; check "
                 "the problems' id field (URI#id=FIELD)")
         if unmatched + tally.unreferenced() == tally.samples:
-            where = f"the problems of {problems}" if problems else "the stage's problems" if given else "the samples' records"
+            where = f"the problems of {problems}" if problems else "the samples' records"
             fields = f"{problems}#answer=FIELD&tests=FIELD" if problems else "an answer or tests field in each record"
             raise SampleInputError(
                 f"none of the {tally.samples} samples in {samples} has a problem with an answer or tests in {where}: "
@@ -259,8 +256,8 @@ def run(samples: str, output: str, config: JudgeConfig, problems: str | None = N
                       bins=[i / 10 for i in range(11)], title="Pass rate per problem", xlabel="pass rate")
         meta = {"samples": tally.samples, "problems": len(rates), "settings_key": settings_key(config),
                 "sample_settings": sampled_under}
-        if given is not None:
-            meta["references_key"] = references_key(given[0])
+        if problem_map is not None:
+            meta["references_key"] = references_key(problem_map)
         if merged is not None:
             report["slices"] = merged.slices
             meta |= {"inputs_digest": merged.digest, "slices": len(merged.slices)}
@@ -311,43 +308,6 @@ def _report(samples: str, problems: str | None, config: JudgeConfig, tally: _Tal
     }
 
 
-def stage_judge_config(stage: str, preset: str, overrides: list[str], task: str = "") -> JudgeConfig:
-    """The judge settings a stage judges with: `stage`'s config (sft-data, rl-filter, evaluate) loaded from its
-    preset and overrides, its `judge` part; "" = a judge config itself. A judge step in front of that stage thus
-    gives the rows it would have judged itself (it takes judged rows as they are). `task` (math, code): every
-    problem judged as that task, as rl-filter's --task does."""
-    from klear.common.config import load_config
-
-    task_override = [f"task={task}"] if task else []
-    if not stage:
-        return load_config(JudgeConfig, preset, [*overrides, *task_override])
-    if stage == "sft-data":
-        from klear.sft_data.config import SftDataConfig as Config
-    elif stage == "rl-filter":
-        from klear.rl_filter.config import RlFilterConfig as Config  # type: ignore[assignment]
-    elif stage == "evaluate":
-        from klear.evaluate.config import EvaluateConfig as Config  # type: ignore[assignment]
-    else:
-        raise ValueError(f"config_of {stage!r}: expected sft-data, rl-filter, evaluate or '' (a judge config)")
-    judge_config: JudgeConfig = load_config(Config, preset, [*overrides, *(f"judge.{o}" for o in task_override)]).judge
-    return judge_config
-
-
-def problems_of(stage: str, preset: str, overrides: list[str],
-                benchmarks: Sequence[str]) -> tuple[dict[str, Problem], list[str]] | None:
-    """The problems `stage` judges against when it gets none: evaluate's, its benchmarks (the shipped math sets
-    without a math file) under its config, as evaluate itself reads them, so evaluate reuses every verdict; with
-    the URIs read. None for the other stages: their judge steps get problems, or read each sample's record."""
-    if stage != "evaluate":
-        return None
-    from klear.common.config import load_config
-    from klear.evaluate.benchmarks import load_benchmarks
-    from klear.evaluate.config import EvaluateConfig
-
-    bench = load_benchmarks(benchmarks, load_config(EvaluateConfig, preset, overrides))
-    return {pid: item.problem for pid, item in bench.problems.items()}, list(benchmarks)
-
-
 # --------------------------------------------------------------------------- slices and their merge
 
 
@@ -361,14 +321,14 @@ def is_work_file(rel: str) -> bool:
     return _WORK_FILE.fullmatch(rel) is not None
 
 
-def inputs_digest(samples: str, problems: str | Sequence[str] | None) -> str:
+def inputs_digest(samples: str, problems: str | None) -> str:
     """The content of what the slices judge (samples and problems): a merge takes only parts of the same."""
     from klear.common.kfp_io import inputs_digest as digest
 
-    return digest([samples, *([problems or ""] if problems is None or isinstance(problems, str) else problems)])
+    return digest([samples, problems or ""])
 
 
-def run_slice(part: tuple[int, int], samples: str, problems: str | Sequence[str] | None, checked: StageOutput,
+def run_slice(part: tuple[int, int], samples: str, problems: str | None, checked: StageOutput,
               config: JudgeConfig, problem_map: Mapping[str, Problem] | None, started: float) -> dict[str, Any]:
     """Judge the samples of slice I of N, saving their scores in the shared work area, then leave the slice's
     part for the merge; publish nothing. One pod per slice: the slice's folder is its lease."""

@@ -57,3 +57,26 @@ def rl_filter(
                                           "input_digest": input_digest})
     removed = [(f"removed_{reason}", n) for reason, n in report["reasons"].items()]
     kfp_io.publish_report(summary, render_markdown(report), metrics, [*totals.items(), *removed])
+
+
+@dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
+def rl_filter_judge_settings(preset: str, overrides: list, task: str = "") -> str:
+    """The judge settings of rl-filter (its config's `judge` section), handed to the judge step in front of it,
+    so the judged rows it reads are what it would have judged itself.
+
+    Args:
+        preset: rl-filter config preset (paper, tiny) or a YAML file path, as for `rl_filter`.
+        overrides: rl-filter config overrides, "key=value" strings (judge.* keys set the judge's).
+        task: "math" or "code": every problem judged as that task, as `rl_filter` reads them; "" = the config's.
+
+    Returns:
+        The `judge` section as JSON, the `settings` of the judge components.
+    """
+    from klear.common.config import load_config
+    from klear.judge.config import settings_json
+    from klear.rl_filter.config import RlFilterConfig
+
+    if task not in ("", "math", "code"):
+        raise ValueError(f"task {task!r}: expected math, code or '' (the config's task)")
+    task_override = [f"judge.task={task}"] if task else []
+    return settings_json(load_config(RlFilterConfig, preset, [*list(overrides), *task_override]).judge)

@@ -57,3 +57,22 @@ def sft_data(
     values += [(f"dropped_{reason}", n) for reason, n in totals["dropped"].items()]
     values += [(f"would_keep_{policy}", n) for policy, n in report["would_keep"].items()]
     kfp_io.publish_report(summary, render_markdown(report), metrics, values)
+
+
+@dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
+def sft_data_judge_settings(preset: str, overrides: list) -> str:
+    """The judge settings of sft-data (its config's `judge` section), handed to the judge step in front of it, so
+    the judged rows it reads are what it would have judged itself.
+
+    Args:
+        preset: sft-data config preset (paper, tiny) or a YAML file path, as for `sft_data`.
+        overrides: sft-data config overrides, "key=value" strings (judge.* keys set the judge's).
+
+    Returns:
+        The `judge` section as JSON, the `settings` of the judge components.
+    """
+    from klear.common.config import load_config
+    from klear.judge.config import settings_json
+    from klear.sft_data.config import SftDataConfig
+
+    return settings_json(load_config(SftDataConfig, preset, list(overrides)).judge)
