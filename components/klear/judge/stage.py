@@ -175,7 +175,7 @@ def run(samples: str, output: str, config: JudgeConfig, problems: str | None = N
     given = stage_problems if not problems else None
     read: str | Sequence[str] | None = problems or (list(given[1]) if given is not None else None)
     checked = STAGE.check(output, {"samples": samples, "problems": read}, work=work_uri,
-                          role="--output" if sliced else "output")
+                          role="--output" if sliced else "output", config=config)
     if checked.work is not None:
         refuse_foreign_work(checked.work, is_work_file, "judge")
     problem_map = load_problem_map(problems, config.task) if problems else dict(given[0]) if given is not None else None
