@@ -117,7 +117,8 @@ STAGE = DataStage("{n.command}", {n.config_class}, render_markdown)
 
 def run(inputs: Sequence[str], output: str, config: {n.config_class}) -> dict[str, Any]:
     """Read `inputs`, publish to `output`; returns the report."""
-    checked = STAGE.check(output, {{"input": list(inputs)}})  # a bad output fails now, not after the work
+    # A bad output fails now, not after the work; the manifest's lineage is these inputs and this config.
+    checked = STAGE.check(output, {{"input": list(inputs)}}, config=config)
     located = (row for source in parse_sources(inputs) for row in iter_records(source))
     records = [row.record for row in itertools.islice(located, config.max_records or None)]
     with checked.open() as out:

@@ -24,7 +24,7 @@ def _snapshot(uri: str) -> dict[str, bytes]:
 
 
 def _toy_run(output: str, data: str, rows: int, fail: bool = False) -> None:
-    checked = TOY.check(output, {"data": data, "reference": None})
+    checked = TOY.check(output, {"data": data, "reference": None}, config=None)
     with checked.open() as out:
         (out.staging / "rows.txt").write_text("row\n" * rows)
         if fail:
@@ -64,10 +64,10 @@ def test_the_check_runs_before_the_body_and_reserved_keys_are_refused(tmp_path: 
     data = tmp_path / "data.jsonl"
     data.write_text("{}\n")
     with pytest.raises(storage.InvalidOutputError, match=f"output {data} is input {data}"):
-        TOY.check(str(data), {"data": str(data)})
+        TOY.check(str(data), {"data": str(data)}, config=None)
     with pytest.raises(storage.InvalidOutputError, match="--output .* contains --work"):
-        TOY.check(str(tmp_path / "o"), {"data": str(data)}, work=str(tmp_path / "o" / "w"), role="--output")
-    with TOY.check(str(tmp_path / "o"), {}).open() as out, pytest.raises(ValueError, match=r"\['stage'\]"):
+        TOY.check(str(tmp_path / "o"), {"data": str(data)}, work=str(tmp_path / "o" / "w"), role="--output", config=None)
+    with TOY.check(str(tmp_path / "o"), {}, config=None).open() as out, pytest.raises(ValueError, match=r"\['stage'\]"):
         out.publish({"rows": 0}, {"stage": "other"})
     assert not (tmp_path / "o" / storage.MANIFEST_NAME).exists()
 

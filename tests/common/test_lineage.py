@@ -12,7 +12,7 @@ import yaml
 
 from klear.cli import main as klear
 from klear.common import lineage, model_card, storage
-from klear.common.config import load_config
+from klear.common.config import StageConfig, load_config
 from klear.sft.config import SftConfig
 from tests.commands import klear as command  # the real command, in a process of its own
 from tests.common.test_markdown import FORGED_STAGE
@@ -79,9 +79,9 @@ def test_a_model_card_parses_names_base_model_and_data_and_stays_outside_the_dig
     staging.mkdir()
     (staging / "model.safetensors").write_bytes(b"weights")
     overrides = ["learning_rate=8e-5", "min_learning_rate=8e-6", "num_epochs=4"]
-    config = load_config(SftConfig, "tiny", overrides).model_dump(mode="json")  # the preset goes into the manifest
+    config = load_config(SftConfig, "tiny", overrides)  # its preset goes into the manifest
     storage.publish_dir(staging, model, meta={"stage": "sft", "inputs": {"model": [str(base)], "data": [data]},
-                                              "lineage": {"config": config}})
+                                              "lineage": lineage.RunLineage([str(base), data], config).record()})
     model_card.write(model)
     digest = storage.content_digest(model)
     model_card.write(model, ("s3://b/run/evaluate", "sft", {"aime24": 12.5}))
@@ -154,23 +154,32 @@ def test_a_changed_source_changes_every_digest_along_a_chain_of_real_stages(
     assert [step["digest"] for step in printed[:3]] == [after["judge"], after["sample"], after["curate"]]
 
 
+def _preset(config: StageConfig) -> dict[str, Any]:
+    assert config.provenance is not None, f"{type(config).__name__} carries no provenance"
+    return config.provenance.to_json()
+
+
 def test_load_config_keeps_the_presets_a_config_was_built_from(tmp_path: Path) -> None:
-    from klear.common.config import describe_preset, preset_of
+    from klear.common.config import describe_preset
     from klear.rl_filter.config import RlFilterConfig
     from klear.sample.config import SampleConfig
 
     own = tmp_path / "mine.yaml"
     own.write_text("base: tiny\nn: 3\n")
     config = load_config(SampleConfig, str(own), ["seed=5"])
-    assert preset_of(config) == {"preset": str(own), "bases": ["tiny", "paper"], "overrides": ["seed=5"]}
-    assert preset_of(config.model_dump(mode="json")) == preset_of(config)  # found by content, as manifests hold it
-    assert describe_preset(preset_of(config)) == f"{own} (on tiny on paper) + seed=5"
-    assert preset_of(load_config(SampleConfig, str(own), ["seed=6"]))["overrides"] == ["seed=6"]  # type: ignore[index]
+    assert _preset(config) == {"preset": str(own), "bases": ["tiny", "paper"], "overrides": ["seed=5"]}
+    assert config.provenance is not None and config.provenance.files == (str(own),)  # the file read, not the presets
+    assert describe_preset(_preset(config)) == f"{own} (on tiny on paper) + seed=5"
+    again = load_config(SampleConfig, str(own), ["seed=5"])
+    assert again == config and _preset(load_config(SampleConfig, str(own), ["seed=6"]))["overrides"] == ["seed=6"]
     # A section of a loaded config (the judge settings rl-filter hands a judge step): its preset, and which section.
     judge = load_config(RlFilterConfig, "tiny", ["judge.task=math"]).judge
-    assert describe_preset(preset_of(judge)) == "tiny + judge.task=math, section RlFilterConfig.judge"
-    assert describe_preset(preset_of(load_config(SampleConfig))) == "defaults"
-    assert preset_of({"not": "a loaded config"}) is None
+    assert describe_preset(_preset(judge)) == "tiny + judge.task=math, section RlFilterConfig.judge"
+    assert describe_preset(_preset(load_config(SampleConfig))) == "defaults"
+    # Only a config load_config built says where it came from: not one made in code, nor a copy with other values.
+    assert SampleConfig().provenance is None and SampleConfig() == load_config(SampleConfig)
+    assert config.model_copy(update={"n": 9}).provenance is None
+    assert config.model_copy(update={"n": config.n}).provenance == config.provenance
 
 
 # --------------------------------------------------------------------------- hostile, malformed and moved manifests
@@ -275,3 +284,25 @@ def test_lineage_records_absolute_locations_and_flags_an_edited_source(tmp_path:
     text = command("lineage", again).stdout
     assert f"<- input: {prompts} (digest {edge['digest'][:12]})  CHANGED since (now " in text
     assert "-. changed .->|input|" in text
+
+
+def test_a_manifest_names_what_its_run_was_handed_not_what_else_the_process_read(tmp_path: Path) -> None:
+    """One process loads the stage's config, then reads an unrelated config of equal content and checks an unrelated
+    output over the stage's, with another input: none of that reaches the stage's manifest."""
+    from klear.curate.config import CurateConfig
+    from klear.curate.stage import run as curate
+
+    prompts = _jsonl(tmp_path / "p.jsonl", [{"id": f"p{i}", "prompt": f"how many plums are {i} and {i}"} for i in range(3)])
+    bench = _jsonl(tmp_path / "b.jsonl", [{"id": "b0", "problem": "find the sum of all primes below ten"}])
+    (tmp_path / "stage.yaml").write_text("base: tiny\n")
+    (tmp_path / "unrelated.yaml").write_text("base: tiny\n")  # equal settings, another file
+    config = load_config(CurateConfig, str(tmp_path / "stage.yaml"))
+    assert load_config(CurateConfig, str(tmp_path / "unrelated.yaml")) == config
+    unrelated = _jsonl(tmp_path / "unrelated.jsonl", [{"id": "u0", "prompt": "not this run's"}])
+    storage.check_writes([storage.Write("--output", str(tmp_path / "runs"), "curate")], [unrelated])
+    output = str(tmp_path / "runs" / "curated")
+    curate([prompts], output, config, [bench])
+    record = storage.read_manifest(output).meta["lineage"]
+    assert [entry["uri"] for entry in record["inputs"]] == [prompts, bench]
+    assert record["preset"] == {"preset": str(tmp_path / "stage.yaml"), "bases": ["tiny"], "overrides": []}
+    assert "unrelated" not in json.dumps(record)

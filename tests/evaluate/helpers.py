@@ -7,13 +7,14 @@ import json
 import pickle
 import tempfile
 import zlib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from klear.common import storage
+from klear.common import lineage, storage
 from klear.common.chat import split_response
 
 SAMPLE_SCHEMA = pa.schema([
@@ -50,8 +51,10 @@ def row(pid: str, sample: int, response: str, finish_reason: str = "stop", token
             "record": json.dumps(record or {"id": pid, "answer": "-99999", "tests": "[]"})}
 
 
-def publish_samples(rows: list[dict[str, Any]], uri: str, sampling: dict[str, Any] | None = None) -> str:
-    """Publish rows as a `klear sample` output (samples/part-00000.parquet), with recorded settings."""
+def publish_samples(rows: list[dict[str, Any]], uri: str, sampling: dict[str, Any] | None = None,
+                    inputs: Sequence[str] = ()) -> str:
+    """Publish rows as a `klear sample` output (samples/part-00000.parquet), with recorded settings and a lineage
+    naming `inputs` (what the samples were made from)."""
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) / "samples"
         folder.mkdir()
@@ -59,7 +62,8 @@ def publish_samples(rows: list[dict[str, Any]], uri: str, sampling: dict[str, An
         (Path(tmp) / "report.json").write_text(json.dumps({"stage": "sample", "rows": len(rows)}))
         settings = {"format": 1, "identity": {"engine": "model", "model": "test-fingerprint"},
                     "sampling": sampling if sampling is not None else TINY_SAMPLING}
-        storage.publish_dir(tmp, uri, meta={"stage": "sample", "settings": settings})
+        storage.publish_dir(tmp, uri, meta={"stage": "sample", "settings": settings,
+                                            "lineage": lineage.RunLineage(inputs, None).record()})
     return uri
 
 

@@ -77,7 +77,7 @@ def test_the_scores_reach_the_sampled_models_card_through_the_judge_step(tmp_pat
     import pyarrow.parquet as pq
     import yaml
 
-    from klear.common import model_card, storage
+    from klear.common import lineage, model_card, storage
     from tests.evaluate.helpers import SAMPLE_SCHEMA, TINY_SAMPLING
     from tests.evaluate.test_scores import planted_rows
 
@@ -85,14 +85,14 @@ def test_the_scores_reach_the_sampled_models_card_through_the_judge_step(tmp_pat
     weights = tmp_path / "weights"
     weights.mkdir()
     (weights / "model.safetensors").write_bytes(b"weights")
-    storage.publish_dir(weights, model, meta={"stage": "sft", "inputs": {}})
+    storage.publish_dir(weights, model, meta={"stage": "sft", "inputs": {}, "lineage": lineage.record([], None)})
     rows = tmp_path / "rows"
     (rows / "samples").mkdir(parents=True)
     pq.write_table(pa.Table.from_pylist(planted_rows(), schema=SAMPLE_SCHEMA), rows / "samples" / "part-00000.parquet")
     samples = str(tmp_path / "sample-eval-sft-math")
-    storage.check_writes([storage.Write("--output", samples, "sample")], [model])  # the run's inputs, for its lineage
     storage.publish_dir(rows, samples, meta={"stage": "sample", "inputs": {"model": [model]}, "settings": {
-        "format": 1, "identity": {"engine": "model", "model": model}, "sampling": TINY_SAMPLING}})
+        "format": 1, "identity": {"engine": "model", "model": model}, "sampling": TINY_SAMPLING},
+        "lineage": lineage.RunLineage([model], None).record()})  # the run's inputs: the model
     benchmark = _benchmark(tmp_path)
     judged = str(tmp_path / "judge-eval-sft-math")
     _judged_in_slices(samples, judged, benchmark, TOY)

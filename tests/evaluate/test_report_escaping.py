@@ -31,7 +31,7 @@ def test_evaluate_report_escapes_labels_and_notes(planted: dict[str, Any]) -> No
 def _evaluate_with_upstream(tmp_path: Path, change: Callable[[dict[str, Any]], None]) -> tuple[str, str]:
     """`klear evaluate` on samples made from an output whose manifest meta `change` then edited in place.
     Returns report.md and the command's stderr."""
-    from klear.common import storage
+    from klear.common import lineage, storage
     from tests.commands import klear
     from tests.evaluate.helpers import publish_samples
     from tests.evaluate.test_scores import TOY, _benchmark, planted_rows
@@ -40,10 +40,9 @@ def _evaluate_with_upstream(tmp_path: Path, change: Callable[[dict[str, Any]], N
     staging.mkdir()
     (staging / "prompts.jsonl").write_text('{"id": "t1", "prompt": "Compute t1."}\n')
     upstream = str(tmp_path / "curated")
-    storage.publish_dir(staging, upstream, meta={"stage": "curate"})
+    storage.publish_dir(staging, upstream, meta={"stage": "curate", "lineage": lineage.record([], None)})
     samples = str(tmp_path / "samples")
-    storage.check_writes([storage.Write("--output", samples, "sample")], [upstream])  # the samples' lineage
-    publish_samples(planted_rows(), samples)
+    publish_samples(planted_rows(), samples, inputs=[upstream])  # the samples' lineage names the upstream
     manifest = Path(upstream) / storage.MANIFEST_NAME
     body = json.loads(manifest.read_text())
     change(body["meta"])

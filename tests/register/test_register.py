@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from klear.common import model_card, storage, tracking
+from klear.common import lineage, model_card, storage, tracking
 from klear.evaluate.samples import parse_sample_specs
 from klear.evaluate.stage import run as evaluate
 from klear.register.entries import DIGEST_TAG, RegisterError, version_description
@@ -30,14 +30,14 @@ EXPERIMENT = "klear-register-test"
 def _publish_model(tiny_model: str, output: str, data: str, tracked: dict[str, str], staging: Path) -> None:
     """The tiny model published as `klear sft` publishes a model (no training: the weights are the tiny model's),
     with its training run's record in logs/ (none without a tracker) and its card."""
-    storage.check_writes([storage.Write("--output", output, "sft")], [tiny_model, data])  # its lineage's inputs
     shutil.copytree(tiny_model, staging)
     if tracked:
         (staging / "logs").mkdir()
         (staging / tracking.RUN_RECORD).write_text(json.dumps(tracked))
     storage.publish_dir(staging, output, meta={"stage": "sft", "global_step": 7, "inputs": {"model": [tiny_model],
                                                                                            "data": [data]},
-                                               "lineage": {"config": {"learning_rate": 8e-5, "num_epochs": 4}}})
+                                               "lineage": {**lineage.RunLineage([tiny_model, data], None).record(),
+                                                           "config": {"learning_rate": 8e-5, "num_epochs": 4}}})
     model_card.write(output)
 
 
@@ -49,9 +49,9 @@ def _publish_samples(model: str, output: str, tmp_path: Path) -> None:
     rows = tmp_path / "rows"
     (rows / "samples").mkdir(parents=True)
     pq.write_table(pa.Table.from_pylist(planted_rows(), schema=SAMPLE_SCHEMA), rows / "samples" / "part-00000.parquet")
-    storage.check_writes([storage.Write("--output", output, "sample")], [model])
     storage.publish_dir(rows, output, meta={"stage": "sample", "inputs": {"model": [model]}, "settings": {
-        "format": 1, "identity": {"engine": "model", "model": model}, "sampling": TINY_SAMPLING}})
+        "format": 1, "identity": {"engine": "model", "model": model}, "sampling": TINY_SAMPLING},
+        "lineage": lineage.RunLineage([model], None).record()})
 
 
 def _register(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from klear.common import model_card, storage
+from klear.common import lineage, model_card, storage
 from tests.commands import klear
 from tests.common.test_markdown import FORGED_STAGE, fenced_blocks, rendered_markup
 
@@ -25,7 +25,7 @@ def _data(tmp_path: Path, change: Callable[[dict[str, Any]], None]) -> str:
     staging.mkdir()
     (staging / "data.jsonl").write_text("".join(json.dumps(CHAT) + "\n" for _ in range(4)))
     data = str(tmp_path / "data")
-    storage.publish_dir(staging, data, meta={"stage": "sft-data"})
+    storage.publish_dir(staging, data, meta={"stage": "sft-data", "lineage": lineage.record([], None)})
     path = Path(data) / storage.MANIFEST_NAME
     body = json.loads(path.read_text())
     change(body["meta"])

@@ -76,7 +76,7 @@ def test_newest_complete_readable_checkpoint_wins(s3_bucket: str, tmp_path: Path
     assert json.loads((found / "trainer_state.json").read_text())["global_step"] == 10
     assert not (found / storage.MANIFEST_NAME).exists()
     meta = json.loads((found / checkpoints.META_FILE).read_text())
-    assert set(meta) == {"lineage"}  # publish_dir without meta: only the lineage every manifest records
+    assert meta == {}  # publish_dir without meta records none: a lineage is the publisher's to hand over
     checkpoints.delete_checkpoint(output, 5)
     assert checkpoints.published_steps(output) == [10, 15]
 

@@ -11,11 +11,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, get_scheduler
 
-from klear.common import storage
+from klear.common import lineage, storage
 from klear.common.config import ConfigError, load_config
 from klear.demo.generate import math_items
 from klear.sft.config import SftConfig, accumulation_steps
 from klear.sft.stage import build_dataset, load_tokenizer, make_trainer, training_arguments
+from klear.training import checkpoints
 
 
 @pytest.fixture(scope="module")
@@ -150,3 +151,17 @@ def test_published_output(reference_run: dict[str, Any]) -> None:
     acc = EventAccumulator(str(output / "logs")).Reload()
     tags = set(acc.Tags()["scalars"])
     assert {"train/loss", "train/learning_rate", "train/grad_norm", "train/tokens_per_second"} <= tags
+
+
+def test_the_model_and_its_checkpoints_record_the_inputs_and_config_the_run_was_handed(
+        reference_run: dict[str, Any], tiny_model: str, demo_files: list[str]) -> None:
+    output = str(reference_run["output"])
+    record = storage.read_manifest(output).meta["lineage"]
+    assert [entry["uri"] for entry in record["inputs"]] == [lineage.location(uri) for uri in [tiny_model, *demo_files]]
+    assert record["inputs"][0]["stage"] == "tiny-model" and all(entry["digest"] for entry in record["inputs"])
+    assert record["config"] == reference_run["report"]["config"]
+    assert record["preset"] == {"preset": "tiny", "bases": [], "overrides": []}
+    steps = checkpoints.published_steps(output)
+    assert steps, "the tiny preset saves every 10 steps: a checkpoint is published"
+    checkpoint = storage.read_manifest(str(checkpoints.checkpoint_uri(output, steps[-1]))).meta["lineage"]
+    assert checkpoint["inputs"] == record["inputs"] and checkpoint["config"] is None  # digested once, at the first

@@ -11,6 +11,7 @@ aliases are refused: a config needs neither, and they let a few hundred bytes ex
 from __future__ import annotations
 
 import copy
+import dataclasses
 import decimal
 import fractions
 import json
@@ -20,15 +21,15 @@ import typing
 from collections.abc import Callable, Iterator, Mapping
 from importlib import resources
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Self, TypeVar
 
 import pydantic
 import yaml
 
 from klear.common import storage
 
-__all__ = ["ConfigError", "StageConfig", "config_files", "config_origins", "describe_preset", "load_config",
-           "origins_lines", "preset_of"]
+__all__ = ["ConfigError", "Provenance", "StageConfig", "config_files", "config_origins", "describe_preset",
+           "load_config", "origins_lines"]
 
 QUOTE_LIMIT = 200  # characters of a value quoted in an error message
 BASE_KEY = "base"  # a config's key naming the config it builds on
@@ -133,14 +134,56 @@ def _at(paths: list[str], problem: str) -> str:
     return f"{', '.join(nested)}: {problem}" if nested else problem
 
 
+@dataclasses.dataclass(frozen=True)
+class Provenance:
+    """Where load_config built a config from: the preset name, file or URI given (None: the class's defaults), the
+    `base` chain below it, the `key=value` overrides, the config files and URIs read (the chain's files: a preset
+    is part of the package, no file) and, for a section of a loaded config, which one ("RlFilterConfig.judge")."""
+
+    preset: str | None
+    bases: tuple[str, ...] = ()
+    overrides: tuple[str, ...] = ()
+    files: tuple[str, ...] = ()
+    section: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        """As a manifest's lineage records it (`meta.lineage.preset`; klear.common.lineage)."""
+        entry: dict[str, Any] = {"preset": self.preset, "bases": list(self.bases), "overrides": list(self.overrides)}
+        if self.section:
+            entry["section"] = self.section
+        return entry
+
+
 class StageConfig(pydantic.BaseModel):
     """Base of every stage config: unknown keys are errors, values are type-checked, numbers are strict
-    (no bool for a number, no inf/nan) in every field of every subclass and in its nested sections."""
+    (no bool for a number, no inf/nan) in every field of every subclass and in its nested sections.
+
+    A config load_config built carries its `provenance`; it is no part of the config's values (equality, dumps)."""
 
     model_config = pydantic.ConfigDict(extra="forbid", frozen=True, validate_default=True, allow_inf_nan=False)
 
     # Package holding this config's presets/ folder (paper.yaml, tiny.yaml); set by each stage.
     preset_package: ClassVar[str] = ""
+
+    _provenance: Provenance | None = pydantic.PrivateAttr(default=None)
+
+    @property
+    def provenance(self) -> Provenance | None:
+        """Where load_config built this config from; None for one it did not build (made in code, or copied with
+        other values)."""
+        return self._provenance
+
+    def __eq__(self, other: object) -> bool:
+        # The values only: two loads of equal settings are equal configs, whichever files they came from.
+        if not isinstance(other, StageConfig):
+            return NotImplemented
+        return type(self) is type(other) and self.__dict__ == other.__dict__
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
+        copied = super().model_copy(update=update, deep=deep)
+        if copied != self:  # other values than the load built: its provenance would misstate them
+            copied._provenance = None
+        return copied
 
     @pydantic.field_validator("*", mode="wrap")
     @classmethod
@@ -282,9 +325,7 @@ def _read_one(cls: type[StageConfig] | None, source: str) -> tuple[dict[str, Any
     Without `cls`, a preset is not read: it stands for itself ({})."""
     if _is_file(source):
         origin = source if _is_uri(source) else str(Path(source))
-        data = _mapping(_file_text(source), origin)
-        storage.note_input(origin)  # a config file is an input: no output of this run may replace it
-        return data, origin
+        return _mapping(_file_text(source), origin), origin
     if cls is None:
         return {}, f"preset {source!r}"
     text, origin = _preset_text(cls, source)
@@ -454,7 +495,11 @@ def _apply_override(data: dict[str, Any], override: str) -> None:
 
 
 def load_config(cls: type[C], source: str | None = None, overrides: list[str] | tuple[str, ...] = ()) -> C:
-    """Build a stage config from a preset name, YAML file or URI (defaults if None), its bases, plus overrides."""
+    """Build a stage config from a preset name, YAML file or URI (defaults if None), its bases, plus overrides.
+
+    The config carries where it came from (`config.provenance`, and each of its config sections theirs): the
+    presets and overrides its manifests' lineage records, and the config files read, which no output of the run may
+    replace. Nothing else is kept: loading changes no state of this process."""
     return _load(cls, source, overrides)
 
 
@@ -478,8 +523,24 @@ def _load(cls: type[C], source: str | None, overrides: list[str] | tuple[str, ..
                 message = str(err.get("ctx", {}).get("error", err["msg"])) if err["type"] == "value_error" else err["msg"]
                 problems.append(f"{field}: {clip(message)} (got {clip(repr(err.get('input')))})")
         raise ConfigError(f"{cls.__name__} from {origin}: " + "; ".join(problems)) from None
-    _remember_preset(config, {"preset": names[0] if names else None, "bases": names[1:], "overrides": list(overrides)})
+    files = tuple(_config_file(name) for name in names if _is_file(name))
+    _attach(config, Provenance(names[0] if names else None, tuple(names[1:]), tuple(overrides), files))
     return config
+
+
+def _config_file(source: str) -> str:
+    """A config file or URI as read (`_read_one`'s origin): a path in its plain spelling."""
+    return source if _is_uri(source) else str(Path(source))
+
+
+def _attach(config: StageConfig, provenance: Provenance) -> None:
+    """Give `config` its provenance, and each of its sections that is a stage config theirs: a stage may run with
+    another stage's section (judge with rl-filter's `judge`). The sections are the config's own objects (pydantic
+    copies a default), so no other config is changed."""
+    config._provenance = provenance
+    for name, value in config:
+        if isinstance(value, StageConfig):
+            value._provenance = dataclasses.replace(provenance, section=f"{type(config).__name__}.{name}")
 
 
 # --------------------------------------------------------------------------- where each value came from
@@ -582,39 +643,6 @@ def _plain(value: Any) -> Any:
 
 
 # --------------------------------------------------------------------------- where a config came from
-
-# The full dump of a loaded config (canonical JSON) -> the presets it was built from. Stages record their config
-# as that dump (report["config"], the manifest's lineage), not as the object: lineage finds the presets by it.
-_PRESETS: dict[str, dict[str, Any]] = {}
-_PRESETS_KEPT = 256  # a process loads a few configs; a test session thousands
-
-
-def _config_key(values: Any) -> str:
-    return json.dumps(values, sort_keys=True, default=str)
-
-
-def _remember_preset(config: StageConfig, preset: dict[str, Any]) -> None:
-    values = config.model_dump(mode="json")
-    entries = [(_config_key(values), preset)]
-    # Its sections too: a stage may run with another stage's section (judge with rl-filter's `judge`).
-    entries += [(_config_key(values[name]), {**preset, "section": f"{type(config).__name__}.{name}"})
-                for name, value in config if isinstance(value, pydantic.BaseModel)]
-    for key, entry in entries:
-        if "section" in entry and key in _PRESETS and "section" not in _PRESETS[key]:
-            continue  # a whole config loaded with equal content says more than a section of another
-        _PRESETS.pop(key, None)
-        _PRESETS[key] = entry  # the latest load of equal content wins
-    while len(_PRESETS) > _PRESETS_KEPT:
-        del _PRESETS[next(iter(_PRESETS))]
-
-
-def preset_of(config: StageConfig | Mapping[str, Any]) -> dict[str, Any] | None:
-    """The presets a config loaded in this process was built from: {"preset": the preset name, file or URI given
-    (None: the defaults), "bases": its `base` chain below it, "overrides": the `key=value` overrides, and for a
-    section of a loaded config "section": "RlFilterConfig.judge"}; None for a config load_config did not build."""
-    values = config.model_dump(mode="json") if isinstance(config, StageConfig) else config
-    found = _PRESETS.get(_config_key(values))
-    return None if found is None else {**found, "bases": list(found["bases"]), "overrides": list(found["overrides"])}
 
 
 def describe_preset(preset: Mapping[str, Any] | None) -> str:

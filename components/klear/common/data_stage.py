@@ -3,17 +3,19 @@
 A stage module builds one `DataStage`: its name, config class and report renderer. Its `run` is then the
 stage's own logic plus its report, on this frame:
 
-    output = STAGE.check(output, {"samples": samples, ...})  # every location it writes, before any work
+    output = STAGE.check(output, {"samples": samples, ...}, config=config)  # every location it writes, before any work
     ...                                                       # work that needs no output (loading, indexing)
     with output.open() as out:                                # the output's lease and a staging folder
         ...                                                   # the stage writes its files into out.staging
         out.publish(report, {"kept": kept})                   # report.json, report.md, the manifest last
 
 The manifest's meta names the stage (`stage`: only the same stage may replace the output, see storage) and
-its inputs (`inputs`: role -> the URIs as given), beside the stage's own keys. A body that raises publishes
-nothing: the output keeps its earlier manifest and files, the staging folder goes, the lease is released. A stage
-whose output may not fit on local disk uploads each finished file at once with `out.ship(path)` (a merge's
-Parquet parts); once it has, a body that raises leaves the output unpublished (no manifest) for its next run.
+its inputs (`inputs`: role -> the URIs as given), beside the stage's own keys; its lineage (klear.common.lineage)
+records those inputs and the config handed to `check`, with the presets and overrides that config was loaded from.
+A body that raises publishes nothing: the output keeps its earlier manifest and files, the staging folder goes, the
+lease is released. A stage whose output may not fit on local disk uploads each finished file at once with
+`out.ship(path)` (a merge's Parquet parts); once it has, a body that raises leaves the output unpublished (no
+manifest) for its next run.
 
 `DataStage.add_main` is the command's other half: the config options and a main that loads the config, runs
 the stage and prints its headline as JSON.
@@ -31,7 +33,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from klear.common import storage
+from klear.common import lineage, storage
+from klear.common.cli import add_config_arguments
+from klear.common.config import StageConfig, load_config
 
 Report = dict[str, Any]
 # role (what the stage calls the input: "samples", "benchmark") -> one URI, several, or none
@@ -56,23 +60,23 @@ class DataStage:
     render_markdown: Callable[[Report], str] | None = None  # report.md; None: the output has no report.md
 
     def check(self, output: str, inputs: Inputs, work: str | None = None, others: Sequence[storage.Write] = (),
-              role: str = "output") -> StageOutput:
+              role: str = "output", *, config: StageConfig | None) -> StageOutput:
         """Refuse, in seconds and before any work, an output (and work area, and `others`) that cannot be written
-        or would replace an input, each other, or another stage's output (storage.check_writes). `role`: how
-        messages name the output (a command that also writes `--work` says `--output`)."""
+        or would replace an input, a file `config` was read from, each other, or another stage's output
+        (storage.check_writes). `role`: how messages name the output (a command that also writes `--work` says
+        `--output`). `config`: the run's config, which the output's lineage records (None: a stage without one)."""
         lists = input_lists(inputs)
         writes = [storage.Write(role, output, self.name),
                   *([storage.Write("--work", work, self.name, published=False)] if work else []), *others]
-        checked = storage.check_writes(writes, [uri for uris in lists.values() for uri in uris])
-        return StageOutput(self, checked[0], lists, checked[1] if work else None)
+        provenance = config.provenance if config is not None else None
+        checked = storage.check_writes(writes, [uri for uris in lists.values() for uri in uris],
+                                       provenance.files if provenance is not None else ())
+        return StageOutput(self, checked[0], lists, checked[1] if work else None, config)
 
     def add_main(self, parser: argparse.ArgumentParser, call: Callable[[argparse.Namespace, Any], Report],
                  headline: Callable[[Report], Any], default_preset: str = "paper") -> None:
         """The config options (--config, --set) and the command's main: load the config, `call(args, config)`,
         print `headline(report)` as one JSON line."""
-        from klear.common.cli import add_config_arguments
-        from klear.common.config import load_config
-
         add_config_arguments(parser, default_preset, self.config_class)
 
         def main(args: argparse.Namespace) -> int:
@@ -85,12 +89,13 @@ class DataStage:
 
 @dataclass(frozen=True)
 class StageOutput:
-    """A checked output of one stage run: where it goes, what the run reads, its work area if any."""
+    """A checked output of one stage run: where it goes, what the run reads, its work area if any, its config."""
 
     stage: DataStage
     uri: storage.Uri
     inputs: dict[str, list[str]]
     work: storage.Uri | None = None
+    config: StageConfig | None = None
 
     @contextlib.contextmanager
     def open(self) -> Iterator[Publication]:
@@ -122,16 +127,16 @@ class Publication:
         if render is not None:
             (self.staging / "report.md").write_text(render(report))
 
-    def publish(self, report: Report, meta: Mapping[str, Any] | None = None,
-                config: Mapping[str, Any] | None = None) -> storage.Manifest:
+    def publish(self, report: Report, meta: Mapping[str, Any] | None = None) -> storage.Manifest:
         """Write the report, then publish the staging folder, manifest last, its meta naming the stage and inputs,
-        its lineage the stage's full `config` (default: the report's `config`)."""
+        its lineage those inputs and the checked config (StageOutput: what `check` was handed, nothing else)."""
         taken = sorted(set(RESERVED_META) & set(meta or {}))
         if taken:
-            raise ValueError(f"manifest meta keys {taken} are the skeleton's (stage name, inputs)")
+            raise ValueError(f"manifest meta keys {taken} are the skeleton's (stage name, inputs, lineage)")
         self.write_report(report)
-        stage = self.output.stage.name
-        return storage.publish_dir(self.staging, self.output.uri,
-                                   meta={"stage": stage, **(meta or {}), "inputs": self.output.inputs,
-                                         "lineage": {"config": config if config is not None else report.get("config")}},
+        checked = self.output
+        made_from = lineage.RunLineage([uri for uris in checked.inputs.values() for uri in uris], checked.config)
+        return storage.publish_dir(self.staging, checked.uri,
+                                   meta={"stage": checked.stage.name, **(meta or {}), "inputs": checked.inputs,
+                                         "lineage": made_from.record()},
                                    streamed=self.streamed)

@@ -20,10 +20,11 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from klear.common import storage
+from klear.common.storage import RUN_ID_ENV  # the pipeline sets it; storage's leases read it too
+
 URI_KEY = "uri"
 
-
-RUN_ID_ENV = "KLEAR_RUN_ID"
 # Set by the compiled pipeline on a training stage's launching pod, read by klear.training.trainjob: the image
 # its multi-node jobs run (the one compiled in), the pod's own name (its scheduling and its owner, the run's
 # Workflow, become the job's), and the kind of
@@ -104,8 +105,6 @@ def inputs_digest(specs: Iterable[str]) -> str:
     beside the content it maps). KFP's cache key holds a URI, not what it points at, and outputs change in place
     by design (sample tops up to a larger n): a cached task takes this digest as an input, so a cache hit is
     served only for the same content."""
-    from klear.common import storage
-
     parts = [(spec, storage.content_digest(spec.partition("#")[0])) for spec in specs if spec.partition("#")[0]]
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()
 

@@ -1,15 +1,17 @@
 """Lineage: what each published output was made from, and the chain from any output back to the source prompts.
 
-Every `storage.publish_dir` writes `meta.lineage` into the manifest (`record`):
+Every stage's publish writes `meta.lineage` into the manifest (`record`, made by the publisher from what it is
+handed: klear.common.data_stage for data stages, klear.training for a model and its checkpoints, through `RunLineage`):
 
-    inputs  every location the run read, as its stage declared them to `storage.check_writes` (the one place every
-            stage names its inputs before any work): {"uri", "digest", "stage"} and "given" where the stage named it
+    inputs  every location the run read, as its stage declared them (the inputs it checks its outputs against
+            before any work, storage.check_writes): {"uri", "digest", "stage"} and "given" where the stage named it
             otherwise; `uri` is absolute and normalized (`location`: readable from any folder, one spelling per
             place), `digest` is `storage.content_digest` (for a published output, a sha256 over its manifest's file
             checksums, so equal content gives an equal digest whoever published it; for a source file, its sha256),
             `stage` the stage that published the input, if any
     config  the stage's full config (every key, presets and overrides applied)
-    preset  the presets it was built from: {"preset", "bases", "overrides"} (klear.common.config.preset_of)
+    preset  the presets it was built from: {"preset", "bases", "overrides"} and "section" for a section of another
+            stage's config (the config's klear.common.config.Provenance, as load_config built it)
     code    {"package", "version", "commit"}: the commit from KLEAR_GIT_COMMIT (the images bake it in at build time:
             `--build-arg KLEAR_GIT_COMMIT=$(git rev-parse HEAD)`), else from the source checkout's git, if any
     kfp     {"run_id", "task"} inside a pipeline: KLEAR_RUN_ID (the pod's `pipeline/runid` label) and KLEAR_TASK_POD
@@ -36,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from klear.common import storage
+from klear.common.config import StageConfig, describe_preset
 
 CODE_COMMIT_ENV = "KLEAR_GIT_COMMIT"
 RUN_ID_ENV = "KLEAR_RUN_ID"  # the same variable as klear.common.kfp_io.RUN_ID_ENV
@@ -134,20 +137,36 @@ def input_records(inputs: Iterable[str]) -> list[dict[str, Any]]:
     return [input_record(spec) for spec in first.values()]
 
 
-def record(inputs: list[dict[str, Any]], config: Mapping[str, Any] | None) -> dict[str, Any]:
-    """`meta.lineage` of an output made from `inputs` (`input_records`) under `config` (and the presets that config
-    was loaded from in this process, if it was)."""
-    from klear.common.config import preset_of
-
-    lineage: dict[str, Any] = {"inputs": inputs, "config": dict(config) if config is not None else None,
+def record(inputs: list[dict[str, Any]], config: StageConfig | None) -> dict[str, Any]:
+    """`meta.lineage` of an output made from `inputs` (`input_records`) under `config`, with the presets that config
+    was loaded from (its provenance; none for a config load_config did not build)."""
+    lineage: dict[str, Any] = {"inputs": inputs, "config": config.model_dump(mode="json") if config is not None else None,
                                "code": code_version()}
-    preset = preset_of(config) if config is not None else None
-    if preset is not None:
-        lineage["preset"] = preset
+    provenance = config.provenance if config is not None else None
+    if provenance is not None:
+        lineage["preset"] = provenance.to_json()
     ids = pipeline_ids()
     if ids:
         lineage["kfp"] = ids
     return lineage
+
+
+class RunLineage:
+    """What every publish of one run records: the inputs its stage declared and its config, handed over by the
+    stage, never gathered from what else the process read. The inputs are digested at the first `record` and shared
+    by every later one: a training run's checkpoints and its model name the inputs it started from."""
+
+    def __init__(self, inputs: Iterable[str], config: StageConfig | None) -> None:
+        self.inputs = list(inputs)
+        self.config = config
+
+    @functools.cached_property
+    def input_records(self) -> list[dict[str, Any]]:
+        return input_records(self.inputs)
+
+    def record(self, with_config: bool = True) -> dict[str, Any]:
+        """`meta.lineage` of an output of this run (`with_config=False`: a checkpoint's, which records none)."""
+        return record(self.input_records, self.config if with_config else None)
 
 
 # --------------------------------------------------------------------------- the walk
@@ -189,8 +208,6 @@ def key_settings(stage: str, meta: Mapping[str, Any], config: Mapping[str, Any] 
                  preset: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The few settings that tell one step of the chain from another: the preset, headline meta, then the stage's
     key config."""
-    from klear.common.config import describe_preset
-
     shown: dict[str, Any] = {"preset": describe_preset(preset)} if preset else {}
     shown |= {key: meta[key] for key in KEY_META if key in meta and not isinstance(meta[key], (list, dict))}
     if isinstance(meta.get("scores"), dict):

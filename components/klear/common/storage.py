@@ -22,8 +22,8 @@ known to be klear's own: the next run of the same stage may replace them. Anythi
 output without a manifest of the same stage is someone else's, and the output is refused.
 
 Before any work, a stage calls `check_writes` (or `check_output` for one output) with every location it will
-write and every input it reads, to fail in seconds on a location that would replace an input, another stage's
-output or someone else's files. A published output belongs to the stage named in its manifest (`meta.stage`):
+write and every input and config file it reads, to fail in seconds on a location that would replace an input,
+another stage's output or someone else's files. A published output belongs to the stage named in its manifest (`meta.stage`):
 publishing replaces only an output of the same stage.
 """
 
@@ -51,8 +51,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from klear.common.kfp_io import RUN_ID_ENV
-
 __all__ = [
     "LEASE_NAME",
     "MANIFEST_NAME",
@@ -77,7 +75,6 @@ __all__ = [
     "iter_published",
     "list_files",
     "localize",
-    "note_input",
     "note_pending",
     "publish_dir",
     "read_bytes",
@@ -93,6 +90,9 @@ MANIFEST_NAME = "_MANIFEST.json"
 LEASE_NAME = "_LEASE.json"
 PENDING_PREFIX = "_PENDING-"  # `_PENDING-<run id>.json`: what one writer is putting in an output before its manifest
 PROBE_PREFIX = "_PROBE-"  # check_output's write probe, deleted at once
+# This process's pipeline run, as the pipeline sets it (the pod's `pipeline/runid` label; klear.common.kfp_io reads
+# it here): a retried task of the same run takes its earlier attempt's lease at once.
+RUN_ID_ENV = "KLEAR_RUN_ID"
 _CHUNK = 8 * 1024 * 1024
 
 
@@ -1037,6 +1037,7 @@ def publish_dir(local_dir: str | Path, dest: str | Uri, meta: dict[str, Any] | N
     `complete`, once this writer's files are up, gets their entries and returns what the manifest lists: with
     the files other writers uploaded into `dest` (the other nodes of a multi-node checkpoint); it may wait or raise.
     `streamed`: the files this publish already uploaded (StreamedFiles, under the same lease), listed too.
+    `meta` goes into the manifest as given: its `lineage` is the caller's to make (klear.common.lineage.record).
 
     Runs under the lease of an enclosing `claim_output(dest)`, else claims `dest` for its own duration: a
     concurrent writer fails with OutputBusyError, never publishes beside this one. A pending record naming every
@@ -1067,7 +1068,7 @@ def publish_dir(local_dir: str | Path, dest: str | Uri, meta: dict[str, Any] | N
         _remove_unlisted(loc, entries, Pending(stage, known.files | later.files | set(entries),
                                                known.prefixes + later.prefixes))
         lease.verify()  # a writer that lost its lease must not publish over its successor
-        manifest = Manifest(files=entries, meta=_with_lineage(loc, meta), created=_now(), run_id=lease.run_id)
+        manifest = Manifest(files=entries, meta=dict(meta or {}), created=_now(), run_id=lease.run_id)
         write_bytes(loc.join(MANIFEST_NAME), manifest.to_json())
         if streamed is not None:
             streamed.published = True
@@ -1097,21 +1098,6 @@ def withdraw(uri: str | Uri) -> None:
     delete(loc.join(MANIFEST_NAME))
     _delete_names(loc, [name for name in _own_files(loc, names) if known.covers(name) and not _reserved(name)])
     _drop_pending(loc)
-
-
-def _with_lineage(loc: Uri, meta: dict[str, Any] | None) -> dict[str, Any]:
-    """`meta` with `lineage` completed (klear.common.lineage.record): the caller may give its `config`; the inputs are
-    those check_writes was given for this output (or the output it lies in: a checkpoint's are its run's)."""
-    from klear.common import lineage  # it reads manifests through this module
-
-    meta = dict(meta or {})
-    given = dict(meta.get("lineage") or {})
-    key = next((key for key in _enclosing_keys(loc) if key in _READS), None)
-    records = _READ_RECORDS.get(key) if key else []
-    if records is None and key:  # digested once per run: every checkpoint of a training run shares them
-        records = _READ_RECORDS[key] = lineage.input_records(_READS[key])
-    meta["lineage"] = {**lineage.record(records or [], given.get("config")), **given}
-    return meta
 
 
 def content_digest(uri: str | Uri) -> str:
@@ -1232,43 +1218,20 @@ class Write:
     published: bool = True
 
 
-# Config files this process read (`--config file.yaml`): inputs of every run it checks, though no stage lists them.
-_NOTED_INPUTS: set[str] = set()
-
-
-def note_input(uri: str) -> None:
-    """Record a file this process read (a config file): no location checked afterwards may replace it."""
-    _NOTED_INPUTS.add(str(uri))
-
-
-# Output location -> the inputs its run declared to check_writes: the lineage publish_dir records for it.
-_READS: dict[tuple[str, str, str], list[str]] = {}
-_READ_RECORDS: dict[tuple[str, str, str], list[dict[str, Any]]] = {}  # their digests, taken at the first publish
-
-
-def _location_key(loc: Uri) -> tuple[str, str, str]:
-    return (loc.scheme, loc.bucket, loc.path.rstrip("/"))
-
-
-def _enclosing_keys(loc: Uri) -> list[tuple[str, str, str]]:
-    """`loc` and every folder above it, nearest first."""
-    parts = loc.path.rstrip("/").split("/")
-    return [(loc.scheme, loc.bucket, "/".join(parts[:end])) for end in range(len(parts), 0, -1)]
-
-
-def check_writes(writes: Sequence[Write], inputs: Sequence[str] = ()) -> list[Uri]:
+def check_writes(writes: Sequence[Write], inputs: Sequence[str] = (), config_files: Sequence[str] = ()) -> list[Uri]:
     """Fail in seconds, before any work, if a run could not safely write every one of `writes`:
 
     - an unsupported scheme or malformed URI, a path blocked by a file or not writable, and for S3 an unreachable
       endpoint, a missing bucket or credentials that may not write there (one put and delete of a probe object);
     - a location that is, contains or lies inside one of `inputs` (URIs or source specs; a `#...` fragment is
-      ignored) or a config file this process read, or that overlaps another of `writes`;
+      ignored) or of `config_files` (those the run's config was read from: `Provenance.files`), or that overlaps
+      another of `writes`;
     - an output that holds another stage's published output (its manifest names the stage), a model, or files
       that are no klear output at all: publishing removes what its manifest does not list.
 
     Returns the parsed locations, in order. Writes nothing that outlives the check."""
     parsed = [_parse_output(w.uri, w.role) for w in writes]
-    sources = [Uri.parse(spec.partition("#")[0]) for spec in (*inputs, *sorted(_NOTED_INPUTS))
+    sources = [Uri.parse(spec.partition("#")[0]) for spec in (*inputs, *config_files)
                if spec.partition("#")[0].strip()]
     for write, out in zip(writes, parsed):
         for source in sources:
@@ -1289,15 +1252,13 @@ def check_writes(writes: Sequence[Write], inputs: Sequence[str] = ()) -> list[Ur
             _probe_local(out)
         if write.published:
             _refuse_foreign(out, write.stage, write.role)
-        _READS[_location_key(out)] = list(inputs)  # what its manifest will name as its inputs
-        _READ_RECORDS.pop(_location_key(out), None)
     return parsed
 
 
 def check_output(output: str, inputs: Sequence[str] = (), *, stage: str | None = None,
-                 role: str = "output") -> Uri:
+                 role: str = "output", config_files: Sequence[str] = ()) -> Uri:
     """`check_writes` for a run that writes one output: the published output of `stage`."""
-    return check_writes([Write(role, output, stage)], inputs)[0]
+    return check_writes([Write(role, output, stage)], inputs, config_files)[0]
 
 
 def _parse_output(output: str, role: str = "output") -> Uri:

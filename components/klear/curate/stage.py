@@ -304,7 +304,7 @@ def run(
     """Curate `inputs` against the benchmarks and publish to `output`; returns the report."""
     started = time.monotonic()
     specs = list(benchmark_specs) if benchmark_specs else [str(p) for p in shipped_benchmarks.all_paths()]
-    checked = STAGE.check(output, {"input": inputs, "benchmark": specs})  # a bad output fails now, not after the work
+    checked = STAGE.check(output, {"input": inputs, "benchmark": specs}, config=config)  # fails now, not after the work
     items = load_benchmark_items(specs, config)
     index = NgramIndex(items, n=config.ngram_size)
     log.info("benchmark index: %d items, %d distinct %d-grams", len(items), index.ngram_count, index.n)

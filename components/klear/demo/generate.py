@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from klear import testsets as benchmarks
-from klear.common import storage
+from klear.common import lineage, storage
 from klear.common.chat import ResponseParts, render_response
 from klear.common.records import read_records, write_records
 from klear.demo import tasks
@@ -281,7 +281,8 @@ def generate(output: str, math_count: int = 200, code_count: int = 16, seed: int
             "planted": [{"id": r["id"], "expect": r["expect"], "of": r["of"]} for r in extra],
         }
         (root / "planted.json").write_text(json.dumps(summary, indent=2))
-        storage.publish_dir(root, output, meta={"stage": "demo-data", "seed": seed})
+        # Made from nothing but the seed: a lineage with no inputs and no config (a source of the chain).
+        storage.publish_dir(root, output, meta={"stage": "demo-data", "seed": seed, "lineage": lineage.record([], None)})
     return summary
 
 

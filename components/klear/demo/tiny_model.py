@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from klear.common import storage
+from klear.common import lineage, storage
 from klear.common.chat import END_OF_TURN, QWEN3_CHAT_TEMPLATE, START_OF_TURN, THINK_CLOSE, THINK_OPEN
 
 PAD = "<|endoftext|>"
@@ -163,7 +163,7 @@ def build(output: str, spec: TinySpec | str = TinySpec()) -> dict[str, Any]:
     storage.check_output(output, stage="tiny-model")
     with tempfile.TemporaryDirectory(prefix="klear-tiny-") as tmp:
         summary = save_tiny_model(Path(tmp), spec)
-        storage.publish_dir(tmp, output, meta={"stage": "tiny-model", **summary})
+        storage.publish_dir(tmp, output, meta={"stage": "tiny-model", **summary, "lineage": lineage.record([], None)})
     return summary
 
 

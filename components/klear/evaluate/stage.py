@@ -301,7 +301,7 @@ def run(samples: Iterable[SampleSource | str], output: str, config: EvaluateConf
     """Score saved generations and publish the report to `output`; returns report.json's content."""
     started = time.monotonic()
     sources = _sources(samples)
-    checked = STAGE.check(output, {**_sample_inputs(sources), "benchmark": benchmarks})
+    checked = STAGE.check(output, {**_sample_inputs(sources), "benchmark": benchmarks}, config=config)
     bench = loaded or load_benchmarks(benchmarks, config)
     labels = list(dict.fromkeys(s.label for s in sources))
     protocol_sampling = config.protocol_sampling()
@@ -349,7 +349,7 @@ def run(samples: Iterable[SampleSource | str], output: str, config: EvaluateConf
                             "judge_s": round(time.monotonic() - judge_started, 3)}
         report = _publishable(out.staging, config, bench, labels, selections, per_label, source_info, judge_counts,
                               benchmarks, started, mode_blocks)
-        out.publish(report, {"labels": labels, "scores": _headline(report)}, config=config.model_dump(mode="json"))
+        out.publish(report, {"labels": labels, "scores": _headline(report)})
     log.info("published %s: %s", output, json.dumps(_headline(report)))
     for model in model_card.record_evaluation(output, _headline(report)):  # the DAG's last step: scores into the cards
         log.info("recorded the scores in the model card of %s", model)
@@ -600,7 +600,7 @@ def write_prompts(output: str, config: EvaluateConfig, benchmarks: Sequence[str]
                   loaded: BenchmarkSet | None = None) -> dict[str, Any]:
     """Publish the protocol's prompts, one JSONL per (kind, k) group, each with its sample-stage config; with
     `kind`, only that kind's prompts (one k, else an error): a folder the sample stage reads as a whole."""
-    checked = PROMPTS_STAGE.check(output, {"benchmark": benchmarks})
+    checked = PROMPTS_STAGE.check(output, {"benchmark": benchmarks}, config=config)
     bench = loaded or load_benchmarks(benchmarks, config)
     groups = {key: rows for key, rows in prompt_groups(bench, config).items() if kind is None or key[0] == kind}
     if kind is not None and len(groups) > 1:
@@ -641,7 +641,7 @@ def judge_problem_rows(bench: BenchmarkSet, task: str) -> list[dict[str, Any]]:
 def write_problems(output: str, config: EvaluateConfig, benchmarks: Sequence[str] = (),
                    loaded: BenchmarkSet | None = None) -> dict[str, Any]:
     """Publish the problems evaluate judges against (`problems.jsonl`), for a judge step in front of it."""
-    checked = PROBLEMS_STAGE.check(output, {"benchmark": benchmarks})
+    checked = PROBLEMS_STAGE.check(output, {"benchmark": benchmarks}, config=config)
     bench = loaded or load_benchmarks(benchmarks, config)
     rows = judge_problem_rows(bench, config.judge.task)
     if not rows:
@@ -669,12 +669,14 @@ def sample_then_run(output: str, config: EvaluateConfig, benchmarks: Sequence[st
     # sample output may replace only an earlier sample output.
     inputs = [*benchmarks, *([model] if model else []), *(s.uri for s in others)]
     STAGE.check(output, {"benchmark": benchmarks, "model": model, **_sample_inputs(others)},
-                others=[storage.Write("--sample-output", root, "sample", published=False)], role="--output")
+                others=[storage.Write("--sample-output", root, "sample", published=False)], role="--output",
+                config=config)
     bench = load_benchmarks(benchmarks, config)
     groups = prompt_groups(bench, config)
     targets = {key: f"{root}/{key[0]}-k{key[1]}" for key in groups}
+    # Each group's sample config is made here, not loaded: the files this run's config was read from are named.
     storage.check_writes([storage.Write(f"--sample-output {Path(target).name}", target, "sample")
-                          for target in targets.values()], inputs)
+                          for target in targets.values()], inputs, config.provenance.files if config.provenance else ())
     sampled: list[SampleSource] = []
     with tempfile.TemporaryDirectory(prefix="klear-evaluate-prompts-") as tmp:
         for (kind, k), rows in groups.items():

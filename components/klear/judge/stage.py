@@ -172,7 +172,7 @@ def run(samples: str, output: str, config: JudgeConfig, problems: str | None = N
     sliced = part is not None or merge
     work_uri = str(work or work_beside(storage.Uri.parse(output))) if sliced else None
     checked = STAGE.check(output, {"samples": samples, "problems": problems}, work=work_uri,
-                          role="--output" if sliced else "output")
+                          role="--output" if sliced else "output", config=config)
     if checked.work is not None:
         refuse_foreign_work(checked.work, is_work_file, "judge")
     problem_map = load_problem_map(problems, config.task) if problems else None

@@ -171,7 +171,7 @@ def run(problems: str, samples: str, output: str, config: RlFilterConfig, benchm
     started = time.monotonic()
     task = task or config.task
     specs = list(benchmark_specs) if benchmark_specs else [str(p) for p in shipped_benchmarks.all_paths()]
-    checked = STAGE.check(output, {"problems": problems, "samples": samples, "benchmark": specs})
+    checked = STAGE.check(output, {"problems": problems, "samples": samples, "benchmark": specs}, config=config)
     candidates = [Candidate(where, problem) for where, problem in load_problems(problems, task)]
     if not candidates:
         raise RlFilterError(f"{problems} holds no problems: nothing to filter, nothing published")

@@ -558,7 +558,7 @@ def run(prompts: Sequence[str], output: str, config: SampleConfig, model: str | 
     kind = choose_backend(config.backend, model, endpoint)
     # In seconds, before any work: a bad output or work location, one that is (inside) an input or the other.
     work_uri = str(work or default_work(storage.Uri.parse(output)))
-    checked = STAGE.check(output, {"prompts": prompts, "model": model}, work=work_uri, role="--output")
+    checked = STAGE.check(output, {"prompts": prompts, "model": model}, work=work_uri, role="--output", config=config)
     out = checked.uri
     assert checked.work is not None
     area = WorkArea(checked.work)

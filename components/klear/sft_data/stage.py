@@ -128,7 +128,8 @@ def run(samples: str, output: str, config: SftDataConfig, reference: str | None 
     """Build SFT records from the teacher `samples` and publish them to `output`; returns the report."""
     started = time.monotonic()
     tokenizer_uri = tokenizer or config.tokenizer or None
-    checked = STAGE.check(output, {"samples": samples, "reference": reference, "tokenizer": tokenizer_uri})
+    checked = STAGE.check(output, {"samples": samples, "reference": reference, "tokenizer": tokenizer_uri},
+                          config=config)
     tok = load_tokenizer(tokenizer_uri, config.chat_template) if tokenizer_uri else None  # fails before the work
     counts = _Counts()
     with checked.open() as out, Judge(config.judge) as judge:

@@ -33,7 +33,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from klear.common import storage
+from klear.common import lineage, storage
 from klear.training.hf_model import launched_processes
 
 log = logging.getLogger("klear.checkpoints")
@@ -254,8 +254,9 @@ class CheckpointUploader(TrainerCallback):
     """Publishes each local Trainer checkpoint to `<output>/checkpoints/step-N` in the background."""
 
     def __init__(self, output: str, staging: Path, keep: int, tensorboard: Any = None, stage: str = "sft",
-                 fingerprint: dict[str, str] | None = None) -> None:
+                 fingerprint: dict[str, str] | None = None, made_from: lineage.RunLineage | None = None) -> None:
         self.stage = stage
+        self.made_from = made_from  # the run's inputs: each checkpoint's lineage (None: it records none)
         self.fingerprint = fingerprint  # what the run is of (klear.training.fingerprint), checked on resume
         self.world_size = 1
         self.tensorboard = tensorboard  # rank 0's SummaryWriter, or None
@@ -349,6 +350,8 @@ class CheckpointUploader(TrainerCallback):
             uri = checkpoint_uri(self.output, step)
             meta = {"stage": self.stage, "global_step": step, "world_size": self.world_size,
                     "nodes": 1 + len(others or {}), "fingerprint": self.fingerprint}
+            if self.made_from is not None:  # the run's inputs, digested at its first checkpoint; no config
+                meta["lineage"] = self.made_from.record(with_config=False)
 
             def complete(own: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
                 return merge_parts(own, self._await_parts(uri, token, others), str(uri)) if others else own
@@ -409,10 +412,11 @@ class TimedCheckpoints(TrainerCallback):
 
 
 def train_resumable(trainer: Any, output: str, work: Path, resume: Path | None, keep: int, stage: str,
-                    fingerprint: dict[str, str] | None = None, save_minutes: float = 0.0) -> tuple[Any, list[int]]:
+                    fingerprint: dict[str, str] | None = None, save_minutes: float = 0.0, *,
+                    made_from: lineage.RunLineage) -> tuple[Any, list[int]]:
     """Run `trainer` from `resume` (or from scratch) with TensorBoard logs under `work/logs` (continued from the
-    checkpoint's) and checkpoints published to `<output>/checkpoints` (every save_steps, and every `save_minutes`);
-    returns TrainOutput and published steps."""
+    checkpoint's) and checkpoints published to `<output>/checkpoints` (every save_steps, and every `save_minutes`),
+    each recording the run's inputs (`made_from`) as its lineage; returns TrainOutput and published steps."""
     from torch.utils.tensorboard import SummaryWriter
     from transformers.integrations import TensorBoardCallback
 
@@ -422,7 +426,7 @@ def train_resumable(trainer: Any, output: str, work: Path, resume: Path | None, 
             shutil.copytree(resume / TENSORBOARD, work / "logs", dirs_exist_ok=True)
         writer = SummaryWriter(log_dir=str(work / "logs"))
         trainer.add_callback(TensorBoardCallback(tb_writer=writer))
-    uploader = CheckpointUploader(output, work / "staging", keep, writer, stage, fingerprint)
+    uploader = CheckpointUploader(output, work / "staging", keep, writer, stage, fingerprint, made_from)
     trainer.add_callback(uploader)
     if save_minutes:
         trainer.add_callback(TimedCheckpoints(save_minutes))

@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from klear.common import model_card, storage
+from klear.common import lineage, model_card, storage
 from klear.training.launch import LAUNCH_CONFIGS
 
 
@@ -126,10 +126,12 @@ def remove_when_all_done(work: Path) -> None:
 
 
 def publish_trained(trainer: Any, tokenizer: Any, work: Path, output: str, report: dict[str, Any], stage: str,
-                    markdown: str = "", inputs: dict[str, list[str]] | None = None) -> None:
+                    markdown: str = "", inputs: dict[str, list[str]] | None = None, *,
+                    made_from: lineage.RunLineage) -> None:
     """Gather the weights (ZeRO-3 shards too), finish the folder, add report.json, metrics.json, report.md and
     the TensorBoard logs, and publish it to `output` (manifest last) from rank 0, then its model card (README.md,
-    outside the manifest: see klear.common.model_card). `inputs`: role ("model", "data") -> URIs."""
+    outside the manifest: see klear.common.model_card). `inputs`: role ("model", "data") -> URIs; `made_from`: the
+    run's inputs and config, the manifest's lineage."""
     final = work / "final"
     if trainer.is_world_process_zero():
         shutil.rmtree(final, ignore_errors=True)
@@ -145,5 +147,5 @@ def publish_trained(trainer: Any, tokenizer: Any, work: Path, output: str, repor
         shutil.copytree(work / "logs", final / "logs", dirs_exist_ok=True)
     (final / model_card.CARD_NAME).unlink(missing_ok=True)  # the trainer's own card: ours is written after
     storage.publish_dir(final, output, meta={"stage": stage, "global_step": trainer.state.global_step,
-                                             "inputs": inputs or {}, "lineage": {"config": report.get("config")}})
+                                             "inputs": inputs or {}, "lineage": made_from.record()})
     model_card.write_after_publish(output)  # a card that cannot be written is a warning: the model is published

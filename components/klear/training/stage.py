@@ -24,8 +24,9 @@ from typing import Any, Protocol
 # Set before transformers is imported, which reads it once.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from klear.common import storage, tracking  # noqa: E402
+from klear.common import lineage, storage, tracking  # noqa: E402
 from klear.common.chat import END_OF_TURN  # noqa: E402
+from klear.common.config import StageConfig  # noqa: E402
 from klear.common.tokenizer import load_tokenizer  # noqa: E402
 from klear.training import checkpoints, hf_model  # noqa: E402
 from klear.training.fingerprint import run_fingerprint  # noqa: E402
@@ -93,10 +94,15 @@ class TrainingStage:
 def run_stage(stage: TrainingStage, model: str, data: list[str], output: str, config: TrainingConfig,
               work_dir: str | None = None) -> dict[str, Any]:
     log = logging.getLogger(f"klear.{stage.name}")
+    # What every manifest of the run records as its lineage: its inputs and its config (with the presets it was
+    # loaded from), handed on to the checkpoints and the model's publish.
+    made_from = lineage.RunLineage([model, *data], config if isinstance(config, StageConfig) else None)
+    provenance = made_from.config.provenance if made_from.config is not None else None
     # Refused in the first seconds, before the model loads: a bad or unreachable output, one that is an input
-    # (`--output` = `--model` would overwrite the base model), a second run writing the same output.
+    # (`--output` = `--model` would overwrite the base model) or a config file, a second run writing the same output.
     storage.check_writes([storage.Write("--output", output, stage.name),
-                          *([storage.Write("--work-dir", work_dir, stage.name, published=False)] if work_dir else [])], [model, *data])
+                          *([storage.Write("--work-dir", work_dir, stage.name, published=False)] if work_dir else [])],
+                         made_from.inputs, provenance.files if provenance is not None else ())
     if isinstance(config, tracking.TrackingSettings) and os.environ.get("RANK", "0") == "0":  # the rank that reports
         tracking.check_trackers(config)  # reachable, authorised, the experiment there
     with contextlib.ExitStack() as stack:
@@ -115,10 +121,10 @@ def run_stage(stage: TrainingStage, model: str, data: list[str], output: str, co
         resume = checkpoints.resume_point(output, Path(trainer.args.output_dir), work, config.resume,
                                           bool(config.deepspeed), fingerprint)
         result, published = checkpoints.train_resumable(trainer, output, work, resume, config.keep_checkpoints,
-                                                        stage.name, fingerprint, config.save_minutes)
+                                                        stage.name, fingerprint, config.save_minutes, made_from=made_from)
         report = assemble_report(counts, trainer.state, step_of(resume), published, prepared.finish(result), config)
         hf_model.publish_trained(trainer, tokenizer, work, output, report, stage.name, stage.render_markdown(report),
-                                 {"model": [model], "data": list(data)})
+                                 {"model": [model], "data": list(data)}, made_from=made_from)
         log.info("published the model to %s", output)
         if not work_dir:  # everything is on storage now; a failed run keeps its folder for a retry in the same pod
             hf_model.remove_when_all_done(work)
