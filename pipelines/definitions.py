@@ -28,7 +28,8 @@ import functools
 import inspect
 import os
 import textwrap
-from typing import NamedTuple
+from types import MappingProxyType
+from typing import Final, NamedTuple
 
 from kfp import dsl
 from kfp.dsl import HTML, Model
@@ -411,15 +412,74 @@ class RecipeOutputs(NamedTuple):
     report: HTML
 
 
-def _listing_keys(**keys: str):
-    """Adds to each named override parameter's description the keys it can set, with theirs (from the stage's config
-    class through its component's OVERRIDE_KEYS): the run form shows what a `key=value` override may name."""
+# The run form's descriptions of the parameters several pipelines share, written once; a pipeline's own `Args:`
+# line wins (the whole recipe's, for instance, says more of run_root, plan_cluster and recompute).
+SHARED_ARGS: Final = MappingProxyType({
+    "run_root": "Object-storage root of this run's outputs (s3://bucket/runs).",
+    "source_files": 'Its files, each with an optional field mapping, e.g. "numina.jsonl#prompt=problem".',
+    "benchmark_uris": "Test sets to decontaminate against; empty: the shipped AIME24/AIME25/HMMT25.",
+    "overrides": 'Config overrides, "key=value".',
+    "plan_cluster": "The node shape the first task (`klear plan`) checks this run's settings against "
+                    "(h100-80gb-x8, h200-141gb-x8); it fails the run before the stage starts.",
+    "plan_gpu_quota": "The GPUs this run may hold at once; 0: the cluster shape's nodes x GPUs.",
+    "recompute": "Any new text (e.g. a date) makes this run compute its result anew instead of reusing an earlier "
+                 "run's result for the same inputs and settings (KFP's cache, keyed by content digests that fold it "
+                 "in).",
+})
+# ... and of the pod parameters, by the kind of pod the pipeline sizes.
+POD_ARGS: Final = MappingProxyType({
+    "training": MappingProxyType({
+        "nodes": "Training nodes (more than 1: a Kubeflow Trainer job).",
+        "gpus_per_node": "GPUs per training node (a whole number).",
+        "memory": "Memory per training node.",
+        "gpu_node_selector": "Node labels the training pods must match.",
+        "gpu_tolerations": "Tolerations of the training pods.",
+    }),
+    "sampling": MappingProxyType({
+        "cpu": "CPU of the sampling pod.",
+        "memory": "Memory of the sampling pod.",
+        "gpu_node_selector": "Node labels the GPU pod must match.",
+        "gpu_tolerations": "Tolerations of the GPU pod.",
+    }),
+})
+
+
+def _run_form(pods: str = "", **keys: str):
+    """The pipeline's run form: every parameter its `Args:` leaves out described from SHARED_ARGS (and POD_ARGS[pods]),
+    a parameter in neither refused here, at import; then, under each named override parameter, the keys it can set
+    (from the stage's config class through its component's OVERRIDE_KEYS): what a `key=value` override may name."""
+    table = {**SHARED_ARGS, **POD_ARGS.get(pods, {})}
 
     def add(func):
-        func.__doc__ = document_overrides(func.__doc__ or "", keys)
+        doc = func.__doc__ or ""
+        described = _described(doc)
+        for name in inspect.signature(func).parameters:
+            if name in described:
+                continue
+            if name not in table:
+                raise TypeError(f"{func.__name__}: describe the parameter {name!r} in its Args: section, or add it to "
+                                "SHARED_ARGS in pipelines/definitions.py if several pipelines share it")
+            doc = _with_argument(doc, name, table[name])
+        func.__doc__ = document_overrides(doc, keys)
         return func
 
     return add
+
+
+def _described(doc: str) -> set[str]:
+    """The parameters a docstring's `Args:` section describes."""
+    lines = doc.splitlines()
+    starts = [i for i, line in enumerate(lines) if line.strip() == "Args:"]
+    if not starts:
+        return set()
+    indent = len(lines[starts[0]]) - len(lines[starts[0]].lstrip()) + 4
+    names = set()
+    for line in lines[starts[0] + 1:]:
+        if line.strip() and len(line) - len(line.lstrip()) < indent:
+            break
+        if len(line) - len(line.lstrip()) == indent and ":" in line:
+            names.add(line.strip().split(":", 1)[0])
+    return names
 
 
 def _with_argument(doc: str, name: str, text: str) -> str:
@@ -477,7 +537,7 @@ def _reports_outcome(pipeline: str):
 
 @dsl.pipeline(name="klear-reasoner", display_name="Klear-Reasoner: the whole recipe",
               description="Klear-Reasoner post-training recipe (arXiv 2508.07629)")
-@_listing_keys(curate_overrides=CURATE_KEYS, teacher_overrides=SAMPLE_KEYS, reference_overrides=SAMPLE_KEYS,
+@_run_form(curate_overrides=CURATE_KEYS, teacher_overrides=SAMPLE_KEYS, reference_overrides=SAMPLE_KEYS,
                 filter_math_overrides=SAMPLE_KEYS, filter_code_overrides=SAMPLE_KEYS, sft_data_overrides=SFT_DATA_KEYS,
                 sft_overrides=SFT_KEYS, rl_filter_math_overrides=RL_FILTER_KEYS, rl_filter_code_overrides=RL_FILTER_KEYS,
                 gppo_math_overrides=GPPO_KEYS, gppo_code_overrides=GPPO_KEYS, evaluate_overrides=EVALUATE_KEYS,
@@ -568,7 +628,6 @@ def klear_pipeline(
 
     Args:
         sources_uri: Folder of prompt sources on object storage (s3://...).
-        source_files: Its files, each with an optional field mapping, e.g. "numina.jsonl#prompt=problem".
         base_model_uri: The model to post-train, a Hugging Face folder on object storage (Qwen3-8B-Base).
         reference_model_uri: The model whose pass rate labels prompts easy or hard for SFT data (Qwen3-8B).
         rl_math_uri: Candidate math RL problems (with `answer`), a file or published output.
@@ -799,7 +858,7 @@ def klear_pipeline(
 
 @dsl.pipeline(name="klear-curate", display_name="Curate prompts (rerun)",
               description="Rerun curate alone on existing prompt sources")
-@_listing_keys(overrides=CURATE_KEYS)
+@_run_form(overrides=CURATE_KEYS)
 def curate_pipeline(sources_uri: str, source_files: list, run_root: str, benchmark_uris: list = [],
                     preset: str = "paper", overrides: list = [], plan_cluster: str = "h100-80gb-x8",
                     plan_gpu_quota: int = 0, recompute: str = "") -> dsl.Dataset:
@@ -807,16 +866,8 @@ def curate_pipeline(sources_uri: str, source_files: list, run_root: str, benchma
 
     Args:
         sources_uri: Folder of prompt sources (s3://...).
-        source_files: Its files, each with an optional field mapping, e.g. "numina.jsonl#prompt=problem".
-        run_root: Object-storage root of this run's outputs (s3://bucket/runs).
-        benchmark_uris: Test sets to decontaminate against; empty: the shipped AIME24/AIME25/HMMT25.
         preset: curate config (paper, tiny) or a YAML path.
         overrides: Config overrides, "key=value" (e.g. "ngram_size=13").
-        plan_cluster: The node shape the first task (`klear plan`) checks this run's settings against
-            (h100-80gb-x8, h200-141gb-x8); it fails the run before the stage starts.
-        plan_gpu_quota: The GPUs this run may hold at once; 0: the cluster shape's nodes x GPUs.
-        recompute: Any new text (e.g. a date) makes this run curate anew instead of reusing an earlier run's
-            result for the same inputs and settings (KFP's cache, keyed by content digests that fold it in).
     """
     curated = _curate(sources_uri, source_files, benchmark_uris, preset, overrides, run_root, recompute).outputs["curated"]
     _plan_first("klear-curate", plan_cluster, plan_gpu_quota, preset, overrides)
@@ -825,7 +876,7 @@ def curate_pipeline(sources_uri: str, source_files: list, run_root: str, benchma
 
 @dsl.pipeline(name="klear-sample", display_name="Sample responses (rerun)",
               description="Rerun sampling alone: a model or an endpoint on existing prompts")
-@_listing_keys(overrides=SAMPLE_KEYS)
+@_run_form("sampling", overrides=SAMPLE_KEYS)
 def sample_pipeline(prompts_uri: str, run_root: str, name: str = "teacher", model_uri: str = "", endpoint: str = "",
                     served_model: str = "", key_secret: str = ENDPOINT_SECRET, preset: str = "paper",
                     overrides: list = [], gpus: str = MODEL_8B_POD[0],
@@ -836,7 +887,6 @@ def sample_pipeline(prompts_uri: str, run_root: str, name: str = "teacher", mode
 
     Args:
         prompts_uri: Prompts: a curate output or a folder of JSONL/Parquet files with `id` and `prompt`.
-        run_root: Object-storage root of this run's outputs (s3://bucket/runs).
         name: What the samples are for (teacher, reference, filter-math): names the output folder.
         model_uri: The model to sample, a Hugging Face folder (s3://...); or give an endpoint.
         endpoint: OpenAI-compatible API root, e.g. http://teacher:8000/v1.
@@ -845,16 +895,7 @@ def sample_pipeline(prompts_uri: str, run_root: str, name: str = "teacher", mode
         preset: Sampling config (paper: T 0.6, top_p 0.95, 32K tokens, n 16).
         overrides: Config overrides, "key=value" (e.g. "n=8", "backend=records").
         gpus: GPUs of each sampling pod: "0" for an endpoint; an 8B model, 1 (its engine at tensor-parallel 1).
-        cpu: CPU of the sampling pod.
-        memory: Memory of the sampling pod.
-        gpu_node_selector: Node labels the GPU pod must match.
-        gpu_tolerations: Tolerations of the GPU pod.
         slices: Pods the sampling is spread over (slices of the prompts by a hash of their id, then one merge).
-        plan_cluster: The node shape the first task (`klear plan`) checks this run's settings against
-            (h100-80gb-x8, h200-141gb-x8); it fails the run before the stage starts.
-        plan_gpu_quota: The GPUs this run may hold at once; 0: the cluster shape's nodes x GPUs.
-        recompute: Any new text (e.g. a date) makes this run sample anew instead of reusing an earlier run's
-            result for the same inputs and settings (KFP's cache, keyed by content digests that fold it in).
     """
     prompts = _import(prompts_uri, dsl.Dataset, "prompts")
     samples = _sample(name, prompts.output, preset, overrides, run_root, gpus, cpu, memory,
@@ -868,7 +909,7 @@ def sample_pipeline(prompts_uri: str, run_root: str, name: str = "teacher", mode
 
 @dsl.pipeline(name="klear-judge", display_name="Judge samples (rerun)",
               description="Rerun judging alone on existing samples")
-@_listing_keys(overrides=JUDGE_KEYS)
+@_run_form(overrides=JUDGE_KEYS)
 def judge_pipeline(samples_uri: str, run_root: str, problems_uri: str = "", preset: str = "paper",
                    overrides: list = [], plan_cluster: str = "h100-80gb-x8",
                    plan_gpu_quota: int = 0, recompute: str = "") -> dsl.Dataset:
@@ -876,15 +917,8 @@ def judge_pipeline(samples_uri: str, run_root: str, problems_uri: str = "", pres
 
     Args:
         samples_uri: A `klear sample` output.
-        run_root: Object-storage root of this run's outputs (s3://bucket/runs).
         problems_uri: Problems with answers/tests, when the samples' prompts do not carry them.
         preset: judge config (paper, tiny).
-        overrides: Config overrides, "key=value".
-        plan_cluster: The node shape the first task (`klear plan`) checks this run's settings against
-            (h100-80gb-x8, h200-141gb-x8); it fails the run before the stage starts.
-        plan_gpu_quota: The GPUs this run may hold at once; 0: the cluster shape's nodes x GPUs.
-        recompute: Any new text (e.g. a date) makes this run judge anew instead of reusing an earlier run's
-            result for the same inputs and settings (KFP's cache, keyed by content digests that fold it in).
     """
     samples = _import(samples_uri, dsl.Dataset, "samples")
     task = judge(samples=samples.output, problems_uri=problems_uri, preset=preset, overrides=overrides,
@@ -896,7 +930,7 @@ def judge_pipeline(samples_uri: str, run_root: str, problems_uri: str = "", pres
 
 @dsl.pipeline(name="klear-sft-data", display_name="Build SFT data (rerun)",
               description="Rerun sft-data alone on existing teacher and reference samples")
-@_listing_keys(overrides=SFT_DATA_KEYS)
+@_run_form(overrides=SFT_DATA_KEYS)
 def sft_data_pipeline(teacher_samples_uri: str, reference_samples_uri: str, target_model_uri: str, run_root: str,
                       preset: str = "paper", overrides: list = [], plan_cluster: str = "h100-80gb-x8",
                       plan_gpu_quota: int = 0, recompute: str = "") -> dsl.Dataset:
@@ -906,14 +940,8 @@ def sft_data_pipeline(teacher_samples_uri: str, reference_samples_uri: str, targ
         teacher_samples_uri: The teacher's `klear sample` output.
         reference_samples_uri: The reference model's `klear sample` output on the same prompts.
         target_model_uri: The model to be trained (its tokenizer measures lengths).
-        run_root: Object-storage root of this run's outputs (s3://bucket/runs).
         preset: sft-data config (paper, tiny).
         overrides: Config overrides, e.g. ["policy=drop_incorrect"] (keep_all, drop_incorrect_on_easy, drop_incorrect).
-        plan_cluster: The node shape the first task (`klear plan`) checks this run's settings against
-            (h100-80gb-x8, h200-141gb-x8); it fails the run before the stage starts.
-        plan_gpu_quota: The GPUs this run may hold at once; 0: the cluster shape's nodes x GPUs.
-        recompute: Any new text (e.g. a date) makes this run build the SFT records anew instead of reusing an earlier run's
-            result for the same inputs and settings (KFP's cache, keyed by content digests that fold it in).
     """
     teacher = _import(teacher_samples_uri, dsl.Dataset, "teacher samples")
     reference = _import(reference_samples_uri, dsl.Dataset, "reference samples")
@@ -929,7 +957,7 @@ def sft_data_pipeline(teacher_samples_uri: str, reference_samples_uri: str, targ
 
 @dsl.pipeline(name="klear-sft", display_name="Long-CoT SFT (rerun)",
               description="Rerun SFT alone on an existing model and SFT data")
-@_listing_keys(overrides=SFT_KEYS)
+@_run_form("training", overrides=SFT_KEYS)
 def sft_pipeline(base_model_uri: str, data_uri: str, run_root: str, preset: str = "paper", overrides: list = [],
                  gpus_per_node: str = GPUS, nodes: int = 1, cpu: str = SFT_CPU, memory: str = NODE_MEMORY,
                  gpu_node_selector: dict = {}, gpu_tolerations: list = [], plan_cluster: str = "h100-80gb-x8",
@@ -941,18 +969,7 @@ def sft_pipeline(base_model_uri: str, data_uri: str, run_root: str, preset: str 
         data_uri: SFT records: an sft-data output.
         run_root: Object-storage root of this run's outputs and checkpoints (s3://bucket/runs).
         preset: sft config (paper, tiny, demo).
-        overrides: Config overrides, "key=value".
-        gpus_per_node: GPUs per training node (a whole number).
-        nodes: Training nodes (more than 1: a Kubeflow Trainer job).
         cpu: CPU per training node.
-        memory: Memory per training node.
-        gpu_node_selector: Node labels the training pods must match.
-        gpu_tolerations: Tolerations of the training pods.
-        plan_cluster: The node shape the first task (`klear plan`) checks this run's settings against
-            (h100-80gb-x8, h200-141gb-x8); it fails the run before the stage starts.
-        plan_gpu_quota: The GPUs this run may hold at once; 0: the cluster shape's nodes x GPUs.
-        recompute: Any new text (e.g. a date) makes this run train anew instead of reusing an earlier run's
-            result for the same inputs and settings (KFP's cache, keyed by content digests that fold it in).
     """
     base = _import(base_model_uri, dsl.Model, "base model")
     data = _import(data_uri, dsl.Dataset, "SFT data")
@@ -966,7 +983,7 @@ def sft_pipeline(base_model_uri: str, data_uri: str, run_root: str, preset: str 
 
 @dsl.pipeline(name="klear-rl-filter", display_name="Filter RL data (rerun)",
               description="Rerun RL data filtering alone on existing problems and samples")
-@_listing_keys(overrides=RL_FILTER_KEYS)
+@_run_form(overrides=RL_FILTER_KEYS)
 def rl_filter_pipeline(problems_uri: str, filter_samples_uri: str, run_root: str, task: str = "math",
                        benchmark_uris: list = [], preset: str = "paper", overrides: list = [],
                        plan_cluster: str = "h100-80gb-x8", plan_gpu_quota: int = 0, recompute: str = "") -> dsl.Dataset:
@@ -975,16 +992,9 @@ def rl_filter_pipeline(problems_uri: str, filter_samples_uri: str, run_root: str
     Args:
         problems_uri: Candidate RL problems (math with `answer`, code with `tests`).
         filter_samples_uri: The filter model's `klear sample` output on them.
-        run_root: Object-storage root of this run's outputs (s3://bucket/runs).
         task: math or code.
-        benchmark_uris: Test sets to decontaminate against; empty: the shipped AIME24/AIME25/HMMT25.
         preset: rl-filter config (paper, tiny).
         overrides: Config overrides, "key=value" (e.g. "keep_above=0.25", "judge.verifier.timeout_s=6").
-        plan_cluster: The node shape the first task (`klear plan`) checks this run's settings against
-            (h100-80gb-x8, h200-141gb-x8); it fails the run before the stage starts.
-        plan_gpu_quota: The GPUs this run may hold at once; 0: the cluster shape's nodes x GPUs.
-        recompute: Any new text (e.g. a date) makes this run filter anew instead of reusing an earlier run's
-            result for the same inputs and settings (KFP's cache, keyed by content digests that fold it in).
     """
     problems = _import(problems_uri, dsl.Dataset, "RL problems")
     samples = _import(filter_samples_uri, dsl.Dataset, "filter-model samples")
@@ -1009,7 +1019,7 @@ def _rl_rerun(rl_task, model_uri, data_uri, preset, overrides, run_root, gpus_pe
 
 @dsl.pipeline(name="klear-gppo-math", display_name="Math RL with GPPO (rerun)",
               description="Rerun math RL alone on an existing model and math RL data")
-@_listing_keys(overrides=GPPO_KEYS)
+@_run_form("training", overrides=GPPO_KEYS)
 def gppo_math_pipeline(model_uri: str, data_uri: str, run_root: str, preset: str = "math", overrides: list = [],
                        gpus_per_node: str = GPUS, nodes: int = 1, cpu: str = RL_CPU, memory: str = NODE_MEMORY,
                        gpu_node_selector: dict = {}, gpu_tolerations: list = [],
@@ -1022,17 +1032,7 @@ def gppo_math_pipeline(model_uri: str, data_uri: str, run_root: str, preset: str
         run_root: Object-storage root of this run's outputs and checkpoints (s3://bucket/runs).
         preset: gppo config (math, release-math, tiny-math, demo-math).
         overrides: Config overrides, e.g. ["loss=cispo"] for an ablation arm.
-        gpus_per_node: GPUs per training node (a whole number).
-        nodes: Training nodes (more than 1: a Kubeflow Trainer job).
         cpu: CPU per training node (reward workers score on CPU).
-        memory: Memory per training node.
-        gpu_node_selector: Node labels the training pods must match.
-        gpu_tolerations: Tolerations of the training pods.
-        plan_cluster: The node shape the first task (`klear plan`) checks this run's settings against
-            (h100-80gb-x8, h200-141gb-x8); it fails the run before the stage starts.
-        plan_gpu_quota: The GPUs this run may hold at once; 0: the cluster shape's nodes x GPUs.
-        recompute: Any new text (e.g. a date) makes this run train anew instead of reusing an earlier run's
-            result for the same inputs and settings (KFP's cache, keyed by content digests that fold it in).
     """
     return _rl_rerun("math", model_uri, data_uri, preset, overrides, run_root, gpus_per_node, nodes, cpu, memory,
                      (gpu_node_selector, gpu_tolerations), plan_cluster, plan_gpu_quota, recompute)
@@ -1040,7 +1040,7 @@ def gppo_math_pipeline(model_uri: str, data_uri: str, run_root: str, preset: str
 
 @dsl.pipeline(name="klear-gppo-code", display_name="Code RL with GPPO (rerun)",
               description="Rerun code RL alone on an existing model and code RL data")
-@_listing_keys(overrides=GPPO_KEYS)
+@_run_form("training", overrides=GPPO_KEYS)
 def gppo_code_pipeline(model_uri: str, data_uri: str, run_root: str, preset: str = "code", overrides: list = [],
                        gpus_per_node: str = GPUS, nodes: int = 1, cpu: str = RL_CPU, memory: str = NODE_MEMORY,
                        gpu_node_selector: dict = {}, gpu_tolerations: list = [],
@@ -1053,17 +1053,7 @@ def gppo_code_pipeline(model_uri: str, data_uri: str, run_root: str, preset: str
         run_root: Object-storage root of this run's outputs and checkpoints (s3://bucket/runs).
         preset: gppo config (code, release-code, tiny-code).
         overrides: Config overrides, e.g. ["loss=clip_higher"] for an ablation arm.
-        gpus_per_node: GPUs per training node (a whole number).
-        nodes: Training nodes (more than 1: a Kubeflow Trainer job).
         cpu: CPU per training node (reward workers run programs on CPU).
-        memory: Memory per training node.
-        gpu_node_selector: Node labels the training pods must match.
-        gpu_tolerations: Tolerations of the training pods.
-        plan_cluster: The node shape the first task (`klear plan`) checks this run's settings against
-            (h100-80gb-x8, h200-141gb-x8); it fails the run before the stage starts.
-        plan_gpu_quota: The GPUs this run may hold at once; 0: the cluster shape's nodes x GPUs.
-        recompute: Any new text (e.g. a date) makes this run train anew instead of reusing an earlier run's
-            result for the same inputs and settings (KFP's cache, keyed by content digests that fold it in).
     """
     return _rl_rerun("code", model_uri, data_uri, preset, overrides, run_root, gpus_per_node, nodes, cpu, memory,
                      (gpu_node_selector, gpu_tolerations), plan_cluster, plan_gpu_quota, recompute)
@@ -1071,7 +1061,7 @@ def gppo_code_pipeline(model_uri: str, data_uri: str, run_root: str, preset: str
 
 @dsl.pipeline(name="klear-evaluate", display_name="Evaluate a model",
               description="Evaluate one model: sample the benchmarks, then score them")
-@_listing_keys(overrides=EVALUATE_KEYS, sample_overrides=SAMPLE_KEYS)
+@_run_form("sampling", overrides=EVALUATE_KEYS, sample_overrides=SAMPLE_KEYS)
 def evaluate_pipeline(model_uri: str, run_root: str, benchmark_uris: list = [], preset: str = "paper",
                       overrides: list = [], sample_preset: str = "paper", sample_overrides: list = [],
                       gpus: str = MODEL_8B_POD[0], cpu: str = MODEL_8B_POD[1], memory: str = MODEL_8B_POD[2],
@@ -1082,7 +1072,6 @@ def evaluate_pipeline(model_uri: str, run_root: str, benchmark_uris: list = [], 
 
     Args:
         model_uri: The model to evaluate, a Hugging Face folder (s3://...).
-        run_root: Object-storage root of this run's outputs (s3://bucket/runs).
         benchmark_uris: Test sets; empty: the shipped AIME24/AIME25/HMMT25.
         preset: Evaluation protocol (paper: avg@64, 32K; paper-64k: YaRN).
         overrides: Evaluation config overrides, e.g. ["only=[aime24]"] (sampling.* also sets the protocol's sampling).
@@ -1090,19 +1079,10 @@ def evaluate_pipeline(model_uri: str, run_root: str, benchmark_uris: list = [], 
         sample_overrides: Sampling overrides the protocol leaves open, e.g. ["concurrency=64"] (the protocol's
             settings win).
         gpus: GPUs of the sampling pod.
-        cpu: CPU of the sampling pod.
-        memory: Memory of the sampling pod.
-        gpu_node_selector: Node labels the GPU pod must match.
-        gpu_tolerations: Tolerations of the GPU pod.
         slices: Pods the benchmark sampling is spread over (then one merge).
         judge_slices: Pods the judging of the samples is spread over (the preset's judge settings; then one merge
             that evaluate reads).
         judge_cpu: CPU of each judging pod (judge slices, evaluate): one verifier worker per core.
-        plan_cluster: The node shape the first task (`klear plan`) checks this run's settings against
-            (h100-80gb-x8, h200-141gb-x8); it fails the run before the stage starts.
-        plan_gpu_quota: The GPUs this run may hold at once; 0: the cluster shape's nodes x GPUs.
-        recompute: Any new text (e.g. a date) makes this run sample and judge anew instead of reusing an earlier run's
-            result for the same inputs and settings (KFP's cache, keyed by content digests that fold it in).
     """
     model = _import(model_uri, dsl.Model, "model")
     digest = _digest("benchmarks", recompute, uris=benchmark_uris, preset=preset)
@@ -1127,7 +1107,7 @@ def evaluate_pipeline(model_uri: str, run_root: str, benchmark_uris: list = [], 
 
 @dsl.pipeline(name="klear-evaluate-samples", display_name="Evaluate saved samples",
               description="Rescore saved samples (no sampling)")
-@_listing_keys(overrides=EVALUATE_KEYS)
+@_run_form(overrides=EVALUATE_KEYS)
 def evaluate_samples_pipeline(samples_uri: str, run_root: str, benchmark_uris: list = [], preset: str = "paper",
                               overrides: list = [], label: str = "model", judge_slices: int = 1,
                               judge_cpu: str = JUDGE_CPU, plan_cluster: str = "h100-80gb-x8",
@@ -1136,7 +1116,6 @@ def evaluate_samples_pipeline(samples_uri: str, run_root: str, benchmark_uris: l
 
     Args:
         samples_uri: A `klear sample` output on evaluation prompts (e.g. <run>/sample-eval-rl-math).
-        run_root: Object-storage root of this run's outputs (s3://bucket/runs).
         benchmark_uris: The test sets the samples answer; empty: the shipped AIME24/AIME25/HMMT25.
         preset: Evaluation protocol (paper, demo).
         overrides: Config overrides, e.g. ["settings_check=warn"] or ["judge.verifier.allow_unconfined=true"].
@@ -1144,11 +1123,6 @@ def evaluate_samples_pipeline(samples_uri: str, run_root: str, benchmark_uris: l
         judge_slices: Pods the judging of the samples is spread over (the preset's judge settings; then one merge
             that evaluate reads).
         judge_cpu: CPU of each judging pod (judge slices, evaluate): one verifier worker per core.
-        plan_cluster: The node shape the first task (`klear plan`) checks this run's settings against
-            (h100-80gb-x8, h200-141gb-x8); it fails the run before the stage starts.
-        plan_gpu_quota: The GPUs this run may hold at once; 0: the cluster shape's nodes x GPUs.
-        recompute: Any new text (e.g. a date) makes this run judge anew instead of reusing an earlier run's
-            result for the same inputs and settings (KFP's cache, keyed by content digests that fold it in).
     """
     samples = _import(samples_uri, dsl.Dataset, "samples")
     digest = _digest("evaluate inputs", recompute, samples_uri, uris=benchmark_uris, preset=preset)

@@ -222,21 +222,14 @@ def pipeline_function(names: Names, summary: str) -> str:
     n = names
     return f'''@dsl.pipeline(name="{n.pipeline}", display_name="{n.command} (rerun)",
               description="Rerun {n.command} alone on existing records")
-@_listing_keys(overrides={n.keys_alias})
+@_run_form(overrides={n.keys_alias})
 def {n.package}_pipeline(data_uri: str, run_root: str, preset: str = "paper", overrides: list = [],
 {" " * (len(n.package) + 14)}plan_cluster: str = "h100-80gb-x8", plan_gpu_quota: int = 0, recompute: str = "") -> dsl.Dataset:
     """{summary[:1].upper() + summary[1:]}.
 
     Args:
         data_uri: The records {n.command} reads: a JSONL/Parquet file or a published output (s3://...).
-        run_root: Object-storage root of this run's outputs (s3://bucket/runs).
         preset: {n.command} config (paper, tiny) or a YAML path.
-        overrides: Config overrides, "key=value".
-        plan_cluster: The node shape the first task (`klear plan`) checks this run's settings against
-            (h100-80gb-x8, h200-141gb-x8); it fails the run before the stage starts.
-        plan_gpu_quota: The GPUs this run may hold at once; 0: the cluster shape's nodes x GPUs.
-        recompute: Any new text (e.g. a date) makes this run compute anew instead of reusing an earlier run's
-            result for the same inputs and settings (KFP's cache, keyed by content digests that fold it in).
     """
     data = _import(data_uri, dsl.Dataset, "records")
     task = cached_stage({n.package}, (data_uri,), what="{n.command} inputs", recompute=recompute, preset=preset,

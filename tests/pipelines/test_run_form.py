@@ -4,6 +4,8 @@ keys it can set (from the config classes), loops and conditions by name, display
 
 from __future__ import annotations
 
+import ast
+import inspect
 import re
 from typing import Any
 
@@ -15,6 +17,7 @@ from klear.common.config import config_keys, document_overrides
 from klear.evaluate.config import EvaluateConfig
 from klear.gppo.config import GppoConfig
 from klear.sample.config import SampleConfig
+from pipelines import definitions as recipe_definitions
 from pipelines.compile import compile_all
 from tests.commands import klear
 
@@ -70,8 +73,35 @@ def test_every_override_parameter_lists_keys(specs: dict[str, dict[str, Any]]) -
             for key, value in spec["root"]["inputDefinitions"]["parameters"].items()
             if key.endswith("overrides") and "Keys: " not in value["description"]]
     assert not bare, ("override parameters that do not list their keys: decorate their pipeline with "
-                      "@_listing_keys(overrides=<the component's OVERRIDE_KEYS>) in pipelines/definitions.py: "
+                      "@_run_form(overrides=<the component's OVERRIDE_KEYS>) in pipelines/definitions.py: "
                       + ", ".join(bare))
+
+
+def test_shared_parameters_are_described_once() -> None:
+    """A description the rerun pipelines share lives in SHARED_ARGS / POD_ARGS, not copied into their docstrings."""
+    shared = {*recipe_definitions.SHARED_ARGS.values(), *(text for pod in recipe_definitions.POD_ARGS.values() for text in pod.values())}
+    tree = ast.parse(inspect.getsource(recipe_definitions))
+    copies = []
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name.endswith("_pipeline"):
+            for entry in re.split(r"\n\s{8}(?=[a-z_]+: )", ast.get_docstring(node, clean=False) or ""):
+                name, _, text = entry.strip().partition(": ")
+                if " ".join(text.split()) in shared:
+                    copies.append(f"{node.name}: {name}")
+    assert not copies, f"Args lines that repeat SHARED_ARGS/POD_ARGS word for word (delete them): {copies}"
+
+
+def test_an_undescribed_parameter_is_refused_at_import() -> None:
+    def rerun(samples_uri: str, run_root: str, plan_cluster: str = "") -> None:
+        del samples_uri, run_root, plan_cluster
+
+    rerun.__doc__ = "Rerun.\n\n    Args:\n        run_root: Where.\n    "
+    with pytest.raises(TypeError, match="'samples_uri' in its Args: section"):
+        recipe_definitions._run_form()(rerun)
+    rerun.__doc__ = "Rerun.\n\n    Args:\n        samples_uri: The samples.\n    "
+    described = recipe_definitions._run_form()(rerun).__doc__
+    assert f"plan_cluster: {recipe_definitions.SHARED_ARGS['plan_cluster'][:40]}" in described
+    assert "samples_uri: The samples." in described and "run_root: Object-storage root" in described
 
 
 def test_loops_and_conditions_show_by_name(specs: dict[str, dict[str, Any]]) -> None:
