@@ -396,8 +396,11 @@ def test_a_retried_slice_takes_its_own_lease_at_once_and_another_run_waits(s3_bu
     """On S3, slice 1/4 of pipeline run A is still held (its pod deleted but in its grace period, or on a node that
     stopped answering: its lease is 120 s from expiring). Another run's pod on that slice is refused at once; the
     retry of run A's own task (same KLEAR_RUN_ID, same slice, a new process) takes the lease over at once and
-    samples the slice; the earlier attempt then finds its lease gone. The merge holds every unit exactly once."""
+    samples the slice; the earlier attempt then finds its lease gone. The merge holds every unit exactly once.
+    The earlier attempt is frozen (SIGSTOP) while the others run, as a node that stopped answering is: on a loaded
+    machine it could otherwise finish its slice before the retry starts."""
     import os
+    import signal
 
     prompts = write_prompts(tmp_path / "p.jsonl", [{"id": f"p{i}", "prompt": f"q {i}"} for i in range(16)])
     out = f"{s3_bucket}/runs/run-a/sample-teacher"
@@ -411,18 +414,21 @@ def test_a_retried_slice_takes_its_own_lease_at_once_and_another_run_waits(s3_bu
         while not storage.exists(lease) and time.monotonic() < deadline and first.poll() is None:
             time.sleep(0.1)
         assert storage.exists(lease) and first.poll() is None, first.communicate()[1][-2000:]
+        os.kill(first.pid, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            other = subprocess.run(_command(prompts, out, server.url, "--slice", "1/4"), capture_output=True, text=True,
+                                   env={**env, "KLEAR_RUN_ID": "run-b"}, timeout=60)
+            assert other.returncode != 0 and "being sampled by another pod" in other.stderr, other.stderr[-2000:]
+            assert "run-b" not in storage.read_bytes(lease).decode()
 
-        started = time.monotonic()
-        other = subprocess.run(_command(prompts, out, server.url, "--slice", "1/4"), capture_output=True, text=True,
-                               env={**env, "KLEAR_RUN_ID": "run-b"}, timeout=60)
-        assert other.returncode != 0 and "being sampled by another pod" in other.stderr, other.stderr[-2000:]
-        assert "run-b" not in storage.read_bytes(lease).decode()
-
-        retry = subprocess.run(_command(prompts, out, server.url, "--slice", "1/4"), capture_output=True, text=True,
-                               env={**env, "KLEAR_RUN_ID": "run-a"}, timeout=120)
-        assert retry.returncode == 0, retry.stderr[-2000:]
-        assert "earlier attempt of this task (slice 1/4, sampled) in pipeline run run-a" in retry.stderr
-        assert time.monotonic() - started < 60  # not the 120 s the lease had left
+            retry = subprocess.run(_command(prompts, out, server.url, "--slice", "1/4"), capture_output=True, text=True,
+                                   env={**env, "KLEAR_RUN_ID": "run-a"}, timeout=120)
+            assert retry.returncode == 0, retry.stderr[-2000:]
+            assert "earlier attempt of this task (slice 1/4, sampled) in pipeline run run-a" in retry.stderr
+            assert time.monotonic() - started < 60  # not the 120 s the lease had left
+        finally:
+            os.kill(first.pid, signal.SIGCONT)
         first.communicate(timeout=120)
         for k in (0, 2, 3):
             done = subprocess.run(_command(prompts, out, server.url, "--slice", f"{k}/4"), capture_output=True,
