@@ -707,21 +707,23 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="math sets and LiveCodeBench code_generation_lite files (default math: the shipped sets)")
     STAGE.add_main(parser, _sample_or_score, _headline)
 
-    prompts = subparsers.add_parser("evaluate-prompts", help="the evaluation prompts, for a separate sample step",
-                                    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    prompts.add_argument("--output", required=True, metavar="URI", help="output location (path, file:// or s3://)")
-    prompts.add_argument("--benchmark", nargs="+", action="extend", default=[], metavar="URI",
-                         help="math sets and LiveCodeBench code_generation_lite files (default math: the shipped sets)")
+    prompts = _benchmark_command(subparsers, "evaluate-prompts", "the evaluation prompts, for a separate sample step")
     PROMPTS_STAGE.add_main(prompts, lambda args, config: write_prompts(args.output, config, args.benchmark),
                            lambda report: report["groups"])
-
-    problems = subparsers.add_parser("evaluate-problems", help="the problems evaluate judges against, for a judge step",
-                                     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    problems.add_argument("--output", required=True, metavar="URI", help="output location (path, file:// or s3://)")
-    problems.add_argument("--benchmark", nargs="+", action="extend", default=[], metavar="URI",
-                          help="math sets and LiveCodeBench code_generation_lite files (default math: the shipped sets)")
+    problems = _benchmark_command(subparsers, "evaluate-problems",
+                                  "the problems evaluate judges against, for a judge step")
     PROBLEMS_STAGE.add_main(problems, lambda args, config: write_problems(args.output, config, args.benchmark),
                             lambda report: report["kinds"])
+
+
+def _benchmark_command(subparsers: argparse._SubParsersAction, name: str, summary: str) -> argparse.ArgumentParser:
+    """A command that reads only evaluate's benchmarks and config and writes one output."""
+    parser = subparsers.add_parser(name, help=summary, description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--output", required=True, metavar="URI", help="output location (path, file:// or s3://)")
+    parser.add_argument("--benchmark", nargs="+", action="extend", default=[], metavar="URI",
+                        help="math sets and LiveCodeBench code_generation_lite files (default math: the shipped sets)")
+    return parser
 
 
 def _sample_or_score(args: argparse.Namespace, config: EvaluateConfig) -> dict[str, Any]:
