@@ -25,6 +25,16 @@ def test_the_judge_takes_the_section_a_stage_hands_over(config_class: type, over
     assert handed == section and handed != load_config(JudgeConfig, "tiny")  # the stage's, not the judge's preset
 
 
+def test_handed_settings_keep_where_the_stage_loaded_them_from() -> None:
+    """The judge output's lineage names the handing stage's preset and section, as a loaded section would."""
+    from klear.common.config import describe_preset
+
+    handed = judge_config(settings_json(load_config(RlFilterConfig, "tiny", ["judge.task=math"]).judge))
+    assert handed.provenance is not None
+    assert describe_preset(handed.provenance.to_json()) == "tiny + judge.task=math, section RlFilterConfig.judge"
+    assert judge_config(JudgeConfig(task="math").model_dump_json()).provenance is None  # a bare section: none known
+
+
 def test_without_handed_settings_a_judge_preset_and_overrides() -> None:
     assert judge_config("", "tiny", ["task=code"]) == load_config(JudgeConfig, "tiny", ["task=code"])
     assert judge_config() == JudgeConfig()

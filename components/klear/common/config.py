@@ -153,6 +153,13 @@ class Provenance:
             entry["section"] = self.section
         return entry
 
+    @classmethod
+    def from_json(cls, entry: Mapping[str, Any]) -> Provenance:
+        """Back from to_json (the files read stay with the process that read them)."""
+        preset = entry.get("preset")
+        return cls(None if preset is None else str(preset), tuple(map(str, entry.get("bases") or ())),
+                   tuple(map(str, entry.get("overrides") or ())), (), str(entry.get("section") or ""))
+
 
 class StageConfig(pydantic.BaseModel):
     """Base of every stage config: unknown keys are errors, values are type-checked, numbers are strict
@@ -531,6 +538,13 @@ def _load(cls: type[C], source: str | None, overrides: list[str] | tuple[str, ..
 def _config_file(source: str) -> str:
     """A config file or URI as read (`_read_one`'s origin): a path in its plain spelling."""
     return source if _is_uri(source) else str(Path(source))
+
+
+def with_provenance(config: C, provenance: Provenance) -> C:
+    """`config` (built from values another process loaded: a section handed over as JSON) saying where that process
+    loaded it from, as its manifest's lineage then records."""
+    _attach(config, provenance)
+    return config
 
 
 def _attach(config: StageConfig, provenance: Provenance) -> None:

@@ -7,12 +7,13 @@ and overrides); the judge never reads another stage's config.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import ClassVar, Literal
 
 import pydantic
 
-from klear.common.config import ConfigError, StageConfig, load_config
+from klear.common.config import ConfigError, Provenance, StageConfig, load_config, with_provenance
 from klear.verifiers.config import VerifierConfig
 
 Task = Literal["auto", "math", "code"]
@@ -43,13 +44,16 @@ class JudgeConfig(StageConfig):
 
 
 def settings_json(config: JudgeConfig) -> str:
-    """The judge settings a stage hands to a judge step: its config's `judge` section, as JSON (judge_config)."""
-    return config.model_dump_json()
+    """The judge settings a stage hands to a judge step: its config's `judge` section, as JSON (judge_config), with
+    where the stage loaded it from (its preset, overrides and section), which the judge output's lineage records."""
+    provenance = config.provenance.to_json() if config.provenance is not None else None
+    return json.dumps({"judge": config.model_dump(mode="json"), "provenance": provenance}, sort_keys=True)
 
 
 def judge_config(settings: str = "", preset: str = "", overrides: Sequence[str] = ()) -> JudgeConfig:
     """The settings a judge step judges with: those a stage handed over (`settings`: settings_json of its config's
-    `judge` section), else a judge preset (name or YAML path; "" = the defaults) with `key=value` overrides."""
+    `judge` section; a bare section is taken too), else a judge preset (name or YAML path; "" = the defaults) with
+    `key=value` overrides."""
     if not settings:
         return load_config(JudgeConfig, preset or None, list(overrides))
     if preset or overrides:
@@ -57,10 +61,18 @@ def judge_config(settings: str = "", preset: str = "", overrides: Sequence[str] 
         raise ConfigError(f"judge settings: handed settings and a preset ({preset!r}) or overrides ({list(overrides)}) "
                           "exclude each other; set them in the handing stage's config (its judge.* keys)")
     try:
-        return JudgeConfig.model_validate_json(settings)
+        handed = json.loads(settings)
+    except ValueError:
+        raise ConfigError(f"judge settings handed over are not a judge config: not JSON: {settings[:80]!r}") from None
+    wrapped = isinstance(handed, dict) and set(handed) == {"judge", "provenance"}
+    try:
+        config = JudgeConfig.model_validate(handed["judge"] if wrapped else handed)
     except pydantic.ValidationError as exc:
         problems = "; ".join(f"{'.'.join(str(p) for p in err['loc']) or '(root)'}: {err['msg']}" for err in exc.errors())
         raise ConfigError(f"judge settings handed over are not a judge config: {problems}") from None
+    if wrapped and isinstance(handed["provenance"], dict):
+        return with_provenance(config, Provenance.from_json(handed["provenance"]))
+    return config
 
 
 def work_area(run_root: str, name: str, samples: str, problems: str | None, input_digest: str) -> str:
