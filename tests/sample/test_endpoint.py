@@ -12,7 +12,8 @@ import pytest
 from klear.common import storage
 from klear.common.records import RecordError
 from klear.sample.backends.base import BackendError
-from klear.sample.stage import SampleFailedError, iter_rows, run
+from klear.sample.merge import SampleFailedError
+from klear.sample.stage import iter_rows, run
 from klear.sample.store import ResumeMismatchError
 from tests.sample.conftest import fast_config, write_prompts
 from tests.sample.fake_server import FakeServer, expected_parts

@@ -87,7 +87,7 @@ def test_spilled_buckets_leave_the_disk_as_they_are_written_and_each_part_is_shi
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from klear.sample.stage import choose, write_in_order
+    from klear.sample.coordinator import choose, write_in_order
     from klear.sample.store import WorkArea
     from klear.sample.units import Plan
     from tests.sample.test_store import _done, _prompt

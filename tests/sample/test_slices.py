@@ -17,7 +17,8 @@ import pyarrow as pa
 import pytest
 
 from klear.common import storage
-from klear.sample.stage import MergeIncompleteError, iter_rows, run
+from klear.common.slices import MergeIncompleteError
+from klear.sample.stage import iter_rows, run
 from klear.sample.store import WorkArea
 from klear.sample.units import parse_slice, slice_of, unit_seed
 from tests.sample.conftest import fast_config, write_prompts
@@ -316,7 +317,7 @@ def test_the_merge_orders_rows_the_same_when_buckets_spill_to_disk(tmp_path: Pat
     spills every bucket are those of the in-memory assembly, in position order, the first copy of each unit."""
     import pyarrow.parquet as pq
 
-    from klear.sample.stage import choose, write_in_order
+    from klear.sample.coordinator import choose, write_in_order
     from klear.sample.units import Plan
     from tests.sample.test_store import _done, _prompt
 
@@ -346,8 +347,8 @@ def test_unit_keys_are_held_in_a_few_bytes_each_and_looked_up_in_batches(tmp_pat
     import numpy as np
     import pyarrow.parquet as pq
 
-    from klear.sample import stage
-    from klear.sample.store import WRITER_INDEX_SCHEMA
+    from klear.sample import coordinator
+    from klear.sample.store import SCHEMA, WRITER_INDEX_SCHEMA
     from klear.sample.units import Plan
     from tests.sample.test_store import _done, _prompt
 
@@ -370,16 +371,16 @@ def test_unit_keys_are_held_in_a_few_bytes_each_and_looked_up_in_batches(tmp_pat
     pq.write_table(earlier, work / "index" / "20251231T000000-cccc.parquet")
     WorkArea(str(work)).write_table("20251231T000000-cccc-000000",
                                     pa.Table.from_pylist([_row(_done(_prompt(60), j, "old")) for j in (0, 1)],
-                                                         schema=stage.SCHEMA))
+                                                         schema=SCHEMA))
     (work / "index" / "20251231T000000-cccc-000000.json").unlink()  # covered by the writer index
     scan = WorkArea(str(work)).scan()
     assert scan.keys.num_rows == 964 and scan.keys.nbytes / scan.keys.num_rows < 28
     assert pa.types.is_dictionary(scan.keys.schema.field("id").type)
     assert ("p60", 1) in scan.done and scan.duplicates == 1 and scan.objects == 5  # 3 of a, the earlier, b's shard
     plan = Plan.of([*prompts, _prompt(60)], [16] * 61)
-    whole = stage.choose(plan, scan)
-    monkeypatch.setattr(stage, "LOCATE_ROWS", 7)
-    batched = stage.choose(plan, scan)
+    whole = coordinator.choose(plan, scan)
+    monkeypatch.setattr(coordinator, "LOCATE_ROWS", 7)
+    batched = coordinator.choose(plan, scan)
     for field in ("positions", "shard", "row"):
         assert np.array_equal(getattr(whole, field), getattr(batched, field))
     assert len(whole.positions) == 962 and (whole.dropped, whole.duplicates) == (2, 1)

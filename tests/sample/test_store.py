@@ -7,8 +7,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from klear.sample.backends.base import Completion, Request
+from klear.sample.coordinator import assemble
 from klear.sample.reasoning import Parsed
-from klear.sample.stage import assemble
 from klear.sample.store import WorkArea
 from klear.sample.units import Prompt, canonical_hash, wanted_keys
 

@@ -9,7 +9,7 @@ import pytest
 from klear.common.records import Located, RecordError, Source
 from klear.sample.reasoning import Parsed, from_message, from_text, render
 from klear.sample.retry import backoff_delay, classify_status, parse_retry_after
-from klear.sample.stage import settings_difference
+from klear.sample.settings import settings_difference
 from klear.sample.units import (
     DuplicatePromptError,
     canonical_hash,

@@ -128,12 +128,12 @@ def quantity_bytes(quantity: str) -> int:
 # compressed (barely, for such text), so this per row bounds both.
 TEXT_BYTES_PER_TOKEN = 4
 # Rows a sample merge may read ahead of its output's frontier besides the slices' open shards (units retried out of
-# order): klear.sample.stage.write_in_order's bound.
+# order): klear.sample.coordinator.write_in_order's bound.
 SPILL_SLACK_ROWS = 4096
 
 
 def merge_staging_bytes(rows: int, bytes_per_row: float, rows_per_part: int, slices: int, shard_size: int) -> int:
-    """What a sample merge holds on disk at once (klear.sample.stage.write_in_order): each Parquet part is uploaded
+    """What a sample merge holds on disk at once (klear.sample.coordinator.write_in_order): each Parquet part is uploaded
     as soon as it is closed, so at most two parts (the one being written, the one going up), plus the buckets it
     spills while reordering rows, about a shard per slice ahead of the frontier; never more than twice the output."""
     return int(min(2 * rows, 2 * rows_per_part + slices * shard_size + SPILL_SLACK_ROWS) * bytes_per_row)
