@@ -16,6 +16,7 @@ import pytest
 
 from klear.common import storage
 from klear.common.config import load_config
+from klear.common.storage.s3 import s3_client
 from klear.curate.config import CurateConfig
 from klear.curate.stage import run as curate
 
@@ -212,7 +213,7 @@ def unpublished_prefix(s3_bucket: str) -> str:
 def object_gets() -> Iterator[list[str]]:
     """The keys of every GetObject request this process's storage client sends."""
     seen: list[str] = []
-    events = storage._client().meta.events
+    events = s3_client().meta.events
 
     def count(params: dict, **_: object) -> None:
         seen.append(params.get("Key", ""))

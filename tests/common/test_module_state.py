@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 COMMON = Path(__file__).resolve().parents[2] / "components" / "klear" / "common"
-# Modules that must hold no module-level mutable state: the storage layer (any module of it) and the config loader.
-STATELESS = sorted([*COMMON.glob("storage*.py"), COMMON / "config.py"])
+STORAGE = COMMON / "storage"
+# Modules that must hold no module-level mutable state: every module of the storage package, and the config loader.
+STATELESS = sorted([*STORAGE.glob("*.py"), COMMON / "config.py"])
 # Calls that make a mutable container (the last part of the called name: `collections.defaultdict` too). An
 # immutable value is fine: a tuple, a frozenset, a MappingProxyType, a compiled pattern.
 MUTABLE_CALLS = frozenset({"dict", "list", "set", "bytearray", "defaultdict", "OrderedDict", "Counter", "deque",
@@ -59,7 +60,7 @@ def module_state(source: str) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("path", STATELESS, ids=lambda path: path.name)
+@pytest.mark.parametrize("path", STATELESS, ids=lambda path: str(path.relative_to(COMMON)))
 def test_no_module_level_mutable_state(path: Path) -> None:
     found = module_state(path.read_text())
     assert not found, (f"{path.name} keeps process-wide mutable state: {'; '.join(found)}. Hand what a caller needs "
@@ -76,8 +77,15 @@ def test_the_state_check_finds_registries_and_lets_constants_be() -> None:
     assert module_state(constants) == []
 
 
+def test_the_state_check_reads_the_storage_package() -> None:
+    # A glob that matched nothing would leave the storage layer unchecked.
+    assert {STORAGE / "__init__.py", STORAGE / "leases.py", STORAGE / "publish.py"} <= set(STATELESS)
+
+
 def _module_of(path: Path) -> str:
-    return "klear.common" if path.stem == "__init__" else f"klear.common.{path.stem}"
+    """The dotted name of a file of klear.common: its sub-packages' modules (klear.common.storage.leases) too."""
+    parts = path.relative_to(COMMON).with_suffix("").parts
+    return ".".join(("klear", "common", *(parts[:-1] if parts[-1] == "__init__" else parts)))
 
 
 def common_imports(path: Path, modules: set[str]) -> set[str]:
@@ -99,10 +107,11 @@ def common_imports(path: Path, modules: set[str]) -> set[str]:
 
 
 def test_klear_common_has_no_import_circle() -> None:
-    paths = sorted(COMMON.glob("*.py"))
+    paths = sorted(COMMON.rglob("*.py"))
     modules = {_module_of(path) for path in paths}
     graph = {_module_of(path): common_imports(path, modules) for path in paths}
     assert graph["klear.common.lineage"] >= {"klear.common.storage", "klear.common.config"}  # the graph is read
+    assert "klear.common.storage.uri" in graph["klear.common.storage.files"]  # sub-packages' modules too
     try:
         order = list(graphlib.TopologicalSorter(graph).static_order())
     except graphlib.CycleError as exc:

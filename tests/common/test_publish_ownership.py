@@ -69,7 +69,7 @@ def test_two_concurrent_publishers_exactly_one_wins(
         other_done.wait(timeout=5)
         real_upload(local, uri)
 
-    monkeypatch.setattr(storage, "upload_file", held_upload)
+    monkeypatch.setattr(storage.publish, "upload_file", held_upload)  # where publish_dir looks it up
     barrier = threading.Barrier(2)
     results: dict[int, object] = {}
 
@@ -220,10 +220,10 @@ def test_a_failed_publish_is_cleaned_up_by_the_next(
             raise storage.StorageError("connection lost")
         real_upload(local, uri)
 
-    monkeypatch.setattr(storage, "upload_file", failing_upload)
+    monkeypatch.setattr(storage.publish, "upload_file", failing_upload)
     with pytest.raises(storage.StorageError, match="connection lost"):
         storage.publish_dir(_staging(tmp_path / "big", "big", 5), dest)
-    monkeypatch.setattr(storage, "upload_file", real_upload)
+    monkeypatch.setattr(storage.publish, "upload_file", real_upload)
     with pytest.raises(storage.UnpublishedOutputError):
         storage.read_manifest(dest)
     # The failed run left a released lease: its partial files are klear's own, so the next run cleans them up.
@@ -372,7 +372,7 @@ def test_a_withdrawal_cut_short_leaves_files_the_stage_knows(where: str, s3_buck
         raise KeyboardInterrupt("the pod is gone")
 
     with monkeypatch.context() as patched:
-        patched.setattr(storage, "_delete_names", killed)
+        patched.setattr(storage.publish, "_delete_names", killed)
         with pytest.raises(KeyboardInterrupt):
             storage.withdraw(checkpoint)
     assert not storage.exists(checkpoint.join(storage.MANIFEST_NAME))

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from klear.common import storage
+from klear.common.storage.s3 import s3_client
 
 
 def _file(path: Path, size: int) -> str:
@@ -39,7 +40,7 @@ def test_multipart_roundtrip_50mb(s3_bucket: str, tmp_path: Path) -> None:
     uri = f"{s3_bucket}/blobs/big.bin"
     storage.upload_file(source, uri)
     loc = storage.Uri.parse(uri)
-    head = storage._client().head_object(Bucket=loc.bucket, Key=loc.path)
+    head = s3_client().head_object(Bucket=loc.bucket, Key=loc.path)
     assert "-" in head["ETag"], "a 52 MB upload must go through multipart"
     assert head["ContentLength"] == source.stat().st_size
     target = tmp_path / "back.bin"
@@ -90,7 +91,7 @@ def test_failed_publish_leaves_no_manifest(s3_bucket: str, tmp_path: Path, monke
             raise storage.StorageError("connection lost")
         real_upload(local, uri)
 
-    monkeypatch.setattr(storage, "upload_file", failing_upload)
+    monkeypatch.setattr(storage.publish, "upload_file", failing_upload)  # where publish_dir looks it up
     with pytest.raises(storage.StorageError, match="connection lost"):
         storage.publish_dir(staging, dest)
     # The old manifest went first, so the half-overwritten output is refused, not half-trusted.
