@@ -57,9 +57,13 @@ stage: pipeline
 
 # The type check, then every test. pytest exits 5 when it collects nothing; that is not a failure of the suite.
 # Then the GPU code paths on vLLM's CPU build, from .venv-vllm (the main environment has no vLLM and skips them).
-test: lint typecheck install-vllm install-mlflow
+# vLLM's environment (about 5 minutes of downloading and unpacking) is made while the main suite runs, which does
+# not use it; its log is shown if it fails.
+test: lint typecheck install-mlflow
+	$(MAKE) --no-print-directory install-vllm > $(VENV)/install-vllm.log 2>&1 & vllm=$$!; \
 	$(BIN)/python -m pytest; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; rc=0; fi; \
-	$(TEST_VLLM) || rc=1; exit $$rc
+	if wait $$vllm; then $(TEST_VLLM) || rc=1; else cat $(VENV)/install-vllm.log; echo "make install-vllm failed"; rc=1; fi; \
+	exit $$rc
 
 # tests/gpu_paths (marker vllm_cpu): vLLM sampling, hf/vLLM agreement, a real vLLM server, GPPO with vLLM rollouts.
 # Here collecting nothing means vLLM did not import: a failure, not an empty suite.
