@@ -101,11 +101,11 @@ def publish_samples(uri: str, prompts: int, n: int, response_bytes: int, rows_pe
         for part, start in enumerate(range(0, len(rows), rows_per_part)):
             batch = []
             for number, (pid, k) in enumerate(rows[start:start + rows_per_part], start):
-                reasoning, answer = text(number), f"The answer is $\\boxed{{{42 + k % 2}}}$."
+                reasoning, final = text(number), f"The answer is $\\boxed{{{42 + k % 2}}}$."
                 record = {"id": pid, "problem": f"Problem {pid}: what is six times seven?", "answer": "42"}
                 batch.append({"id": pid, "sample": k, "prompt": record["problem"],
-                              "response": f"<think>\n{reasoning}\n</think>\n\n{answer}", "reasoning": reasoning,
-                              "answer": answer, "finish_reason": "stop", "prompt_tokens": 20,
+                              "response": f"<think>\n{reasoning}\n</think>\n\n{final}", "reasoning": reasoning,
+                              "final": final, "finish_reason": "stop", "prompt_tokens": 20,
                               "completion_tokens": len(reasoning) // 4, "model": "bench", "record": json.dumps(record)})
             pq.write_table(pa.Table.from_pylist(batch, schema=SAMPLE_SCHEMA), folder / f"part-{part:05d}.parquet",
                            compression="lz4")

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
+import pyarrow as pa
 import pytest
 
 from klear.common.chat import (
@@ -18,7 +20,7 @@ from klear.common.chat import (
     render_response,
     split_response,
 )
-from klear.common.sample_rows import PROMPT_FIELDS, prompt_text, response_parts
+from klear.common.sample_rows import MESSAGES_TYPE, PROMPT_FIELDS, iter_sample_tables, prompt_text, response_parts
 from tests.judge.samples import boxed, math_record, publish_samples, read_parquet_folder, response, sample_row
 
 # --------------------------------------------------------------------------- the prompt of a source row
@@ -115,11 +117,11 @@ def test_every_reader_of_an_answer_takes_the_same_one() -> None:
 
     text = "<think>\nR\n</think>\n\nmid \\boxed{1} ```python\nprint(1)\n``` </think> \\boxed{2}\n```python\nprint(2)\n```"
     rule = split_response(text)
-    assert rule.answer == "\\boxed{2}\n```python\nprint(2)\n```"
+    assert rule.final == "\\boxed{2}\n```python\nprint(2)\n```"
     server = from_message({"reasoning": "R", "content": "mid \\boxed{1} ```python\nprint(1)\n``` </think> "
                                          "\\boxed{2}\n```python\nprint(2)\n```"}, "stop")
     assert from_text(text) == server == rule
-    row = {"response": render_response(rule), "reasoning": rule.reasoning, "answer": rule.answer}
+    row = {"response": render_response(rule), "reasoning": rule.reasoning, "final": rule.final}
     assert response_parts(row) == rule and split_response(render_response(rule)) == rule
     assert extract_answer(text).answer == "2"
     assert extract_program(text) == "print(2)\n"  # its body keeps the newline before the closing fence
@@ -145,15 +147,15 @@ def test_format_faults_in_the_release_order(text: str, fault: str | None) -> Non
 
 
 def test_a_rows_columns_are_its_parts_when_they_are_its_responses() -> None:
-    row = {"response": response("r", "a"), "reasoning": "r", "answer": "a"}
+    row = {"response": response("r", "a"), "reasoning": "r", "final": "a"}
     assert response_parts(row) == ResponseParts("r", "a", True)
     # The columns tell what a string search cannot: a reasoning that names the closing tag and never ended.
     cut = {"response": f"{THINK_OPEN}\nI will write {THINK_CLOSE} once done", "reasoning": f"I will write "
-           f"{THINK_CLOSE} once done", "answer": ""}
+           f"{THINK_CLOSE} once done", "final": ""}
     assert response_parts(cut) == ResponseParts(f"I will write {THINK_CLOSE} once done", "", False)
-    closed_empty = {"response": render_response(ResponseParts("r", "", True)), "reasoning": "r", "answer": ""}
+    closed_empty = {"response": render_response(ResponseParts("r", "", True)), "reasoning": "r", "final": ""}
     assert response_parts(closed_empty).closed
-    plain = {"response": "plain", "reasoning": None, "answer": "plain"}
+    plain = {"response": "plain", "reasoning": None, "final": "plain"}
     assert response_parts(plain) == ResponseParts(None, "plain", True)
 
 
@@ -176,7 +178,7 @@ def test_sft_data_takes_the_rows_parts_and_the_prompt_rule(tmp_path: Path) -> No
     cut = f"{THINK_OPEN}\nI will close with {THINK_CLOSE} once sure and then"
     rows = [sample_row("p", 0, boxed("4"), record, prompt=""),
             {**sample_row("p", 1, cut, record, prompt=""), "reasoning": cut.removeprefix(f"{THINK_OPEN}\n"),
-             "answer": ""}]
+             "final": ""}]
     teacher = publish_samples(rows, str(tmp_path / "teacher"))
     out = tmp_path / "sft"
     assert main(["sft-data", "--samples", teacher, "--output", str(out), "--config", "tiny"]) == 0
@@ -185,6 +187,46 @@ def test_sft_data_takes_the_rows_parts_and_the_prompt_rule(tmp_path: Path) -> No
     assert records[0]["messages"][0]["content"] == "What is 2 + 2?"
     report = json.loads((out / "report.json").read_text())
     assert report["totals"]["dropped"]["truncated"] == 1
+
+
+# --------------------------------------------------------------------------- rows written before `final` and turns
+
+# The sample rows of an earlier version: the final text under `answer`, the conversation as JSON text.
+OLD_SCHEMA = pa.schema([("id", pa.string()), ("sample", pa.int64()), ("prompt", pa.string()),
+                        ("response", pa.string()), ("reasoning", pa.string()), ("answer", pa.string()),
+                        ("finish_reason", pa.string()), ("record", pa.string()), ("messages", pa.string())])
+CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2 + 2?"}]
+
+
+def _old_rows() -> list[dict[str, Any]]:
+    """A kept response, and a reasoning that names `</think>` and was cut: only its `answer` column ("") says so."""
+    record = math_record("p", "4", problem="What is 2 + 2?")
+    cut = f"{THINK_OPEN}\nI will close with {THINK_CLOSE} once sure and then"
+    rows = [sample_row("p", 0, boxed("4"), record),
+            {**sample_row("p", 1, cut, record), "reasoning": cut.removeprefix(f"{THINK_OPEN}\n"), "final": ""}]
+    return [{**{k: row[k] for k in OLD_SCHEMA.names if k in row}, "answer": row["final"], "messages": json.dumps(CHAT)}
+            for row in rows]
+
+
+@pytest.mark.parametrize("kind", ["parquet", "jsonl"])
+def test_rows_written_before_final_and_the_list_of_turns_still_read(kind: str, tmp_path: Path) -> None:
+    """Through the reader and sft-data: `messages` as JSON text is read into the list of turns, and `answer` is
+    the final text where it is the response's (the cut reasoning is dropped as truncated, as when written)."""
+    from klear.cli import main
+
+    if kind == "parquet":
+        samples = publish_samples(_old_rows(), str(tmp_path / "teacher"), schema=OLD_SCHEMA)
+    else:
+        samples = str(tmp_path / "teacher.jsonl")
+        Path(samples).write_text("".join(json.dumps(row) + "\n" for row in _old_rows()))
+    (_, table), = iter_sample_tables(samples)
+    assert table.schema.field("messages").type == MESSAGES_TYPE and table.column("messages").to_pylist() == [CHAT] * 2
+    assert [response_parts(row).closed for row in table.to_pylist()] == [True, False]
+    out = tmp_path / "sft"
+    assert main(["sft-data", "--samples", samples, "--output", str(out), "--config", "tiny"]) == 0
+    records = read_parquet_folder(str(out), "records")
+    assert [(r["sample"], r["messages"]) for r in records] == [(0, [*CHAT, {"role": "assistant", "content": boxed("4")}])]
+    assert json.loads((out / "report.json").read_text())["totals"]["dropped"]["truncated"] == 1
 
 
 # --------------------------------------------------------------------------- two </think>: sample -> judge -> sft-data
@@ -209,8 +251,8 @@ def test_a_reply_with_two_think_ends_has_one_answer_from_sample_to_sft_data(tmp_
     assert sorted(rows) == sorted(plans)
     for row in rows.values():
         reasoning, _ = expected_parts(row["prompt"], row["seed"])
-        assert (row["reasoning"], row["answer"]) == (f"{reasoning}\n</think>\n\n{TWO_ENDS_DRAFT}", TWO_ENDS_ANSWER)
-        assert split_response(row["response"]) == ResponseParts(row["reasoning"], row["answer"], True)
+        assert (row["reasoning"], row["final"]) == (f"{reasoning}\n</think>\n\n{TWO_ENDS_DRAFT}", TWO_ENDS_ANSWER)
+        assert split_response(row["response"]) == ResponseParts(row["reasoning"], row["final"], True)
     for command in (("judge", "--samples", samples, "--output", judged),
                     ("sft-data", "--samples", judged, "--output", sft)):
         done = klear(*command, "--config", "tiny")
@@ -223,4 +265,4 @@ def test_a_reply_with_two_think_ends_has_one_answer_from_sample_to_sft_data(tmp_
     for record in records:
         said = record["messages"][-1]
         assert said["role"] == "assistant" and said["content"] == rows[record["id"]]["response"]
-        assert split_response(said["content"]).answer == TWO_ENDS_ANSWER
+        assert split_response(said["content"]).final == TWO_ENDS_ANSWER

@@ -19,7 +19,7 @@ from klear.common.chat import split_response
 
 SAMPLE_SCHEMA = pa.schema([
     ("id", pa.string()), ("sample", pa.int32()), ("prompt", pa.string()), ("response", pa.string()),
-    ("reasoning", pa.string()), ("answer", pa.string()), ("finish_reason", pa.string()),
+    ("reasoning", pa.string()), ("final", pa.string()), ("finish_reason", pa.string()),
     ("prompt_tokens", pa.int32()), ("completion_tokens", pa.int32()), ("model", pa.string()), ("record", pa.string()),
 ])
 TINY_SAMPLING = {"temperature": 0.6, "top_p": 0.95, "top_k": 0, "repetition_penalty": 1.0, "max_tokens": 32,
@@ -27,7 +27,7 @@ TINY_SAMPLING = {"temperature": 0.6, "top_p": 0.95, "top_k": 0, "repetition_pena
 
 
 def respond(answer_section: str, reasoning: str = "Working through it step by step.") -> str:
-    """The sample stage's normal form: <think>\\n..\\n</think>\\n\\n{answer}."""
+    """The sample stage's normal form: <think>\\n..\\n</think>\\n\\n{final}."""
     return f"<think>\n{reasoning}\n</think>\n\n{answer_section}"
 
 
@@ -44,7 +44,7 @@ def row(pid: str, sample: int, response: str, finish_reason: str = "stop", token
     """A sample row; without `prompt` it records none (evaluate then reports its prompts as not recorded)."""
     parts = split_response(response)  # the columns `klear sample` writes
     return {"id": pid, "sample": sample, "prompt": prompt, "response": response,
-            "reasoning": parts.reasoning, "answer": parts.answer,
+            "reasoning": parts.reasoning, "final": parts.final,
             "finish_reason": finish_reason, "prompt_tokens": 10,
             "completion_tokens": tokens if tokens is not None else max(1, len(response) // 4), "model": "m",
             # A wrong gold answer in the record: evaluation must take the gold from the benchmark, never from here.

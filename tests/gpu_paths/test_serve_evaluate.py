@@ -57,7 +57,7 @@ def per_problem(output: Path) -> dict[str, dict[str, Any]]:
 def generated(row: dict[str, Any]) -> str:
     """What the model wrote, whichever side of the reasoning parser it landed on: the reasoning and the answer without
     think tags, whitespace or a last partial UTF-8 character (the server holds back an unfinished byte sequence)."""
-    text = (row["reasoning"] or "") + row["answer"]
+    text = (row["reasoning"] or "") + row["final"]
     return "".join(text.replace(THINK_OPEN, "").replace(THINK_CLOSE, "").split()).rstrip("\ufffd")
 
 

@@ -1,5 +1,5 @@
 """Builders of `klear sample`-shaped rows and published sample folders, shared by the judge, sft-data and
-rl-filter tests (the sample stage's schema: id, sample, prompt, response, reasoning, answer, finish_reason,
+rl-filter tests (the sample stage's schema: id, sample, prompt, response, reasoning, final, finish_reason,
 prompt_tokens, completion_tokens, model, record)."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from klear.common.chat import split_response
 
 SAMPLE_SCHEMA = pa.schema([
     ("id", pa.string()), ("sample", pa.int64()), ("prompt", pa.string()), ("response", pa.string()),
-    ("reasoning", pa.string()), ("answer", pa.string()), ("finish_reason", pa.string()),
+    ("reasoning", pa.string()), ("final", pa.string()), ("finish_reason", pa.string()),
     ("prompt_tokens", pa.int64()), ("completion_tokens", pa.int64()), ("model", pa.string()), ("record", pa.string()),
 ])
 
@@ -30,7 +30,7 @@ def sample_row(pid: str, k: int, text: str, record: dict[str, Any], finish_reaso
                prompt: str | None = None, model: str = "teacher") -> dict[str, Any]:
     parts = split_response(text)  # the columns `klear sample` writes
     return {"id": pid, "sample": k, "prompt": prompt if prompt is not None else str(record.get("problem") or record.get("question") or ""),
-            "response": text, "reasoning": parts.reasoning, "answer": parts.answer,
+            "response": text, "reasoning": parts.reasoning, "final": parts.final,
             "finish_reason": finish_reason, "prompt_tokens": 12, "completion_tokens": max(1, len(text) // 4),
             "model": model, "record": json.dumps(record)}
 

@@ -96,6 +96,7 @@ BAD_JSONL = [  # (field, value, what the message shows)
     ("id", "", '""'),
     ("completion_tokens", -95, "-95"),
     ("finish_reason", ["stop"], '["stop"]'),
+    ("messages", [{"role": "user", "content": 3}], '[{"role": "user", "content": 3}]'),
 ]
 
 
@@ -117,12 +118,18 @@ def test_an_ill_typed_field_is_refused_naming_line_and_field(name: str, field: s
     ("sample", [True, False, True, False], "field 'sample' is a column of bool"),
     ("sample", [0, 1, -1, 3], ":row 3: field 'sample': expected an integer from 0 to 2147483647, got -1"),
     ("id", ["p1", "p1", None, "p1"], ":row 3: field 'id': expected a non-empty string, got null"),
+    # JSON text, as rows written before `messages` was a list of turns, must be such a list.
+    ("messages", ['[{"role": "user", "content": "q"}]', "[]", "not json", None],
+     ":row 3: field 'messages': expected a list of {role, content} strings or its JSON text or null, got \"not json\""),
+    ("messages", [[{"role": "user", "content": "q"}], [], [{"role": "user", "content": None}], None],
+     ":row 3: field 'messages': expected a list of {role, content} strings or its JSON text or null, got "),
 ])
 def test_ill_typed_parquet_columns_are_refused_naming_row_and_field(field: str, values: list[Any], message: str,
                                                                     tmp_path: Path,
                                                                     capsys: pytest.CaptureFixture[str]) -> None:
     rows = _rows()[:4]
-    table = pa.Table.from_pylist(rows).drop_columns([field]).append_column(field, pa.array(values))
+    table = pa.Table.from_pylist(rows)
+    table = table.drop_columns([c for c in [field] if c in table.column_names]).append_column(field, pa.array(values))
     path = tmp_path / "samples.parquet"
     pq.write_table(table, path)
     err = _refused("judge", str(path), tmp_path, capsys)

@@ -51,7 +51,7 @@ def test_every_fault_is_retried_and_every_reasoning_shape_normalized(fake_server
             assert row["response"] == f"<think>\n{reasoning}" and row["finish_reason"] == "length"
         else:
             assert row["response"] == f"<think>\n{reasoning}\n</think>\n\n{answer}", name
-            assert (row["reasoning"], row["answer"], row["finish_reason"]) == (reasoning, answer, "stop")
+            assert (row["reasoning"], row["final"], row["finish_reason"]) == (reasoning, answer, "stop")
         assert json.loads(row["record"]) == {"id": name, "answer": name.upper()}
         assert row["model"] == "fake-teacher" and row["prompt_tokens"] > 0 and row["completion_tokens"] > 0
         assert row["attempts"] == (3 if name == "err" else 2 if "," in plans[name] else 1)

@@ -336,7 +336,7 @@ def test_the_merge_orders_rows_the_same_when_buckets_spill_to_disk(tmp_path: Pat
         written[name] = pq.read_table(tmp_path / name / "samples").to_pylist()
         assert not [p for p in (tmp_path / name).iterdir() if p.name != "samples"]  # the spill folder is gone
     assert written["memory"] == written["spilled"]
-    assert [(r["id"], r["sample"], r["answer"]) for r in written["memory"]] == \
+    assert [(r["id"], r["sample"], r["final"]) for r in written["memory"]] == \
         [(f"p{i}", j, f"a{i}") for i in range(30) for j in (0, 1)]
 
 

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from klear.sample.backends.base import Completion, Request
 from klear.sample.coordinator import assemble
 from klear.sample.reasoning import Parsed
-from klear.sample.store import WorkArea
+from klear.sample.store import WorkArea, completion_row
 from klear.sample.units import Prompt, canonical_hash, wanted_keys
 
 
@@ -46,6 +48,23 @@ def test_two_writers_at_once_give_each_unit_once_first_shard_wins(tmp_path: Path
     wanted = wanted_keys([p0, _prompt(1, "a new text")], [2, 1])
     result = assemble(first, first.shard_names(), wanted, tmp_path / "staging", 100)
     rows = pq.read_table(tmp_path / "staging" / "samples" / "part-00000.parquet").to_pylist()
-    assert sorted((r["id"], r["sample"], r["answer"]) for r in rows) == [("p0", 0, "first"), ("p0", 1, "second")]
+    assert sorted((r["id"], r["sample"], r["final"]) for r in rows) == [("p0", 0, "first"), ("p0", 1, "second")]
     assert result.dropped == 2 and result.emitted == {("p0", 0), ("p0", 1)}
     assert result.completion_tokens == 8 and dict(result.finish_reasons) == {"stop": 2}
+
+
+def test_a_shard_written_before_final_and_the_list_of_turns_publishes_as_rows_are_now(tmp_path: Path) -> None:
+    """A work area of an earlier version: its shard's `answer` is the final text (the sample stage never wrote a
+    gold one there) and its `messages` JSON text; published beside a new shard, both read as SCHEMA is now."""
+    area = WorkArea(str(tmp_path / "work"))
+    p0 = _prompt(0)
+    now = completion_row(_done(p0, 0, "old"))
+    before = {**{k: v for k, v in now.items() if k not in ("final", "messages")}, "answer": "old",
+              "messages": json.dumps(list(p0.messages))}
+    area.write_table("20250101T000000-0000aaaa-000000", pa.Table.from_pylist([before]))
+    area.write_shard([_done(p0, 1, "new")])
+    assemble(area, area.shard_names(), wanted_keys([p0], [2]), tmp_path / "staging", 100)
+    rows = pq.read_table(tmp_path / "staging" / "samples" / "part-00000.parquet").to_pylist()
+    chat = [{"role": "user", "content": "q0"}]
+    assert [(r["sample"], r["final"], r["messages"]) for r in rows] == [(0, "old", chat), (1, "new", chat)]
+    assert "answer" not in rows[0]

@@ -29,7 +29,7 @@ def test_records_hold_the_whole_conversation_the_teacher_answered(tmp_path: Path
     sampled = klear("sample", "--prompts", str(prompts), "--output", str(tmp_path / "teacher"), "--config", "tiny",
                      "--set", "backend=records", "--set", f"system_prompt={SYSTEM}")
     assert sampled.returncode == 0, sampled.stderr[-3000:]
-    sent = {row["id"]: json.loads(str(row["messages"])) for row in _rows(tmp_path / "teacher", "samples")}
+    sent = {row["id"]: row["messages"] for row in _rows(tmp_path / "teacher", "samples")}
     system = {"role": "system", "content": SYSTEM}
     assert sent == {"multi": [system, *earlier], "single": [system, {"role": "user", "content": "What is 2+2?"}]}
 
@@ -57,7 +57,8 @@ def test_a_conversation_that_is_not_a_list_of_turns_is_refused(tmp_path: Path) -
     samples.write_text(json.dumps({"id": "p", "sample": 0, "prompt": "q", "response": TRACE, "finish_reason": "stop",
                                    "messages": "[{\"role\": \"user\"}]", "record": {"id": "p", "answer": "4"}}) + "\n")
     built = klear("sft-data", "--samples", str(samples), "--output", str(tmp_path / "sft"), "--config", "tiny")
-    assert built.returncode == 2 and "field 'messages' is not a JSON list" in built.stderr, built.stderr[-3000:]
+    refusal = f"{samples}:1: field 'messages': expected a list of {{role, content}} strings or its JSON text"
+    assert built.returncode == 2 and refusal in built.stderr, built.stderr[-3000:]
     assert not (tmp_path / "sft").exists()
 
 
@@ -79,7 +80,7 @@ def test_the_recorded_conversation_is_the_one_the_model_was_given(tiny_model: st
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     system = {"role": "system", "content": SYSTEM}
     rows = {row["id"]: row for row in _rows(tmp_path / "teacher", "samples")}
-    sent = {pid: json.loads(str(row["messages"])) for pid, row in rows.items()}
+    sent = {pid: row["messages"] for pid, row in rows.items()}
     assert sent == {"multi": [system, *earlier], "single": [system, {"role": "user", "content": "What is 2+2?"}]}
     for pid, row in rows.items():  # the model's count: the whole conversation, not its last turn alone
         fed = tokenizer(tokenizer.apply_chat_template(sent[pid], add_generation_prompt=True, tokenize=False),

@@ -11,9 +11,10 @@ Qwen3 does.
 
 A response's normal form (what `klear sample` writes, what SFT records hold) is
 
-    <think>\n{reasoning}\n</think>\n\n{answer}
+    <think>\n{reasoning}\n</think>\n\n{final}
 
-with `<think>\n{reasoning}` for a response cut inside its reasoning and the bare answer for one without any;
+with `<think>\n{reasoning}` for a response cut inside its reasoning and the bare final text for one without any
+(`final`: the text after the thinking, the model's answer; a sample row's column of that name holds it);
 `render_response` writes it and `split_response` reads it (and raw model text with inline tags) back.
 
 Where thinking ends is decided here only (`answer_start`): sampling, judging, the verifiers, sft-data and the
@@ -57,7 +58,7 @@ QWEN3_CHAT_TEMPLATE = (
 @dataclass(frozen=True, slots=True)
 class ResponseParts:
     reasoning: str | None  # None: the response has no reasoning part
-    answer: str
+    final: str  # the text after the thinking: the model's answer
     closed: bool  # the reasoning ended (a `</think>` belongs in the normal form)
 
 
@@ -122,10 +123,10 @@ def format_fault(response: str, think_start_in_prompt: bool = False) -> str | No
 
 
 def render_response(parts: ResponseParts) -> str:
-    """The normal form of a response's parts (split_response reads it back to the same parts, unless the answer
+    """The normal form of a response's parts (split_response reads it back to the same parts, unless the final text
     holds a `</think>`: by the rule, all before it is reasoning)."""
     if parts.reasoning is None:
-        return parts.answer
+        return parts.final
     if not parts.closed:
         return f"{THINK_OPEN}\n{parts.reasoning}"
-    return f"{THINK_OPEN}\n{parts.reasoning}\n{THINK_CLOSE}\n\n{parts.answer}"
+    return f"{THINK_OPEN}\n{parts.reasoning}\n{THINK_CLOSE}\n\n{parts.final}"

@@ -13,11 +13,18 @@ through `file_tables` / `iter_sample_tables`, which
 
 Other columns (the judge's, a user's) pass through unchecked.
 
+A row's `final` is the text after the thinking (the model's answer), never the gold answer a problem row calls
+`answer`. `messages` is the conversation the model answered as a list of {role, content} turns (MESSAGES_TYPE,
+the one encoding: sft-data's records hold the same type). Rows written before these names read as before: a
+`messages` held as JSON text is read into the list (a text that is not a JSON list of turns is refused, naming
+the row), and a row with `answer` but no `final` has its `answer` taken for the final text only where
+`response_parts` finds it is the response's (a user's gold `answer` is not).
+
 The contract also holds the rules the stages share about what a row says:
 
   - the prompt of a source row (`prompt_text`): the first non-blank string of PROMPT_FIELDS, in the order
     `klear sample` looks (its default prompt field is `prompt`);
-  - the response's normal form, `<think>\n{reasoning}\n</think>\n\n{answer}` (klear.common.chat: the think
+  - the response's normal form, `<think>\n{reasoning}\n</think>\n\n{final}` (klear.common.chat: the think
     tags, `render_response`, `split_response`: thinking ends at the last `</think>`), and its parts as the row
     gives them (`response_parts`: its response split, or its columns for a reasoning cut short).
 """
@@ -26,7 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,9 +46,13 @@ from klear.common import storage
 from klear.common.chat import ResponseParts, render_response, split_response
 from klear.common.records import RecordError, jsonl_chunks, parse_chunk
 
-__all__ = ["DATA_SUFFIXES", "FIELDS", "KEY", "PROMPT_FIELDS", "REQUIRED", "SAMPLE_SCHEMA", "SampleInputError",
-           "SampleKeys", "file_tables", "iter_sample_tables", "local_sample_files", "prompt_text",
-           "published_sample_files", "response_parts"]
+__all__ = ["DATA_SUFFIXES", "FIELDS", "KEY", "MESSAGES_TYPE", "MESSAGE_TYPE", "PROMPT_FIELDS", "REQUIRED",
+           "SAMPLE_SCHEMA", "SampleInputError", "SampleKeys", "file_tables", "is_turns", "iter_sample_tables",
+           "local_sample_files", "messages_from_json", "prompt_text", "published_sample_files", "response_parts"]
+
+# One turn of a conversation, and a conversation: how every stage's `messages` column is typed.
+MESSAGE_TYPE = pa.struct([("role", pa.string()), ("content", pa.string())])
+MESSAGES_TYPE = pa.list_(MESSAGE_TYPE)
 
 # The rows `klear sample` writes (its shards and its published samples/ files).
 SAMPLE_SCHEMA = pa.schema([
@@ -50,7 +61,7 @@ SAMPLE_SCHEMA = pa.schema([
     ("prompt", pa.string()),
     ("response", pa.string()),
     ("reasoning", pa.string()),
-    ("answer", pa.string()),
+    ("final", pa.string()),  # the text after the thinking (the model's answer; `answer` before the rename)
     ("finish_reason", pa.string()),
     ("prompt_tokens", pa.int32()),
     ("completion_tokens", pa.int32()),
@@ -60,9 +71,9 @@ SAMPLE_SCHEMA = pa.schema([
     ("seed", pa.int64()),
     ("attempts", pa.int16()),
     ("prompt_hash", pa.string()),
-    # The conversation the model answered, as JSON ([{"role", "content"}, ...]: system prompt and earlier turns
-    # included), so an SFT record is that conversation plus the response, never the last turn alone.
-    ("messages", pa.string()),
+    # The conversation the model answered (system prompt and earlier turns included), so an SFT record is that
+    # conversation plus the response, never the last turn alone.
+    ("messages", MESSAGES_TYPE),
 ])
 KEY = ("id", "sample")
 REQUIRED = ("id", "sample", "response")
@@ -81,8 +92,9 @@ class SampleInputError(RecordError):
 @dataclass(frozen=True)
 class Field:
     """One field of the contract: its column type, whether a row must have it (non-null), and its kind:
-    text (a string), id (a non-empty string), count (an integer from 0 to the type's maximum) or json (the
-    prompt's source row: a JSON object or its text)."""
+    text (a string), id (a non-empty string), count (an integer from 0 to the type's maximum), json (the
+    prompt's source row: a JSON object or its text) or messages (a list of {role, content} strings; its JSON
+    text in rows written before)."""
 
     name: str
     kind: str
@@ -98,7 +110,8 @@ class Field:
     @property
     def expected(self) -> str:
         what = (f"an integer from 0 to {self.maximum}" if self.kind == "count" else
-                {"id": "a non-empty string", "text": "a string", "json": "a JSON object or its text"}[self.kind])
+                {"id": "a non-empty string", "text": "a string", "json": "a JSON object or its text",
+                 "messages": "a list of {role, content} strings or its JSON text"}[self.kind])
         return what if self.required else f"{what} or null"
 
     def fits(self, value: Any) -> bool:
@@ -109,16 +122,34 @@ class Field:
             return type(value) is int and 0 <= value <= self.maximum  # a bool is an int to isinstance
         if self.kind == "json":
             return isinstance(value, (str, dict))
+        if self.kind == "messages":
+            return is_turns(value) or isinstance(value, str) and messages_from_json(value) is not None
         return isinstance(value, str) and (self.kind != "id" or value != "")
 
 
 FIELDS: dict[str, Field] = {f.name: f for f in (
     Field("id", "id", True), Field("sample", "count", True), Field("response", "text", True),
-    Field("prompt", "text"), Field("reasoning", "text"), Field("answer", "text"), Field("finish_reason", "text"),
+    Field("prompt", "text"), Field("reasoning", "text"), Field("final", "text"), Field("finish_reason", "text"),
     Field("prompt_tokens", "count"), Field("completion_tokens", "count"), Field("model", "text"),
     Field("source", "text"), Field("record", "json"), Field("seed", "count"), Field("attempts", "count"),
-    Field("prompt_hash", "text"), Field("messages", "text"),
+    Field("prompt_hash", "text"), Field("messages", "messages"),
 )}
+
+
+def is_turns(value: Any) -> bool:
+    """Whether a value is a conversation: a list of {role, content} strings (other keys of a turn are dropped)."""
+    return isinstance(value, list) and all(
+        isinstance(t, dict) and isinstance(t.get("role"), str) and isinstance(t.get("content"), str) for t in value)
+
+
+def messages_from_json(text: str) -> list[dict[str, Any]] | None:
+    """The turns of a `messages` held as JSON text (rows written before it was a list); None when the text is not
+    a JSON list of {role, content} strings."""
+    try:
+        turns = json.loads(text)
+    except ValueError:
+        return None
+    return turns if is_turns(turns) else None
 
 
 def _show(value: Any) -> str:
@@ -159,14 +190,17 @@ def prompt_text(row: Mapping[str, Any]) -> str | None:
 
 def response_parts(row: Mapping[str, Any]) -> ResponseParts:
     """The parts of a sample row's response: its response split by the contract's rule (split_response), except
-    where its `reasoning` and `answer` columns say what the text cannot: a reasoning cut short that names
+    where its `reasoning` and `final` columns say what the text cannot: a reasoning cut short that names
     `</think>` (`klear sample` writes all three from one parse, and a server may say that its reasoning never
-    ended). A column that disagrees with the response (a user's `answer` holding the gold answer) is not taken for
-    it: the response is what later stages train on and judge."""
+    ended). A row without `final` (written before the rename) gives its `answer` instead. A column that disagrees
+    with the response (a user's `answer` holding the gold answer) is not taken for it: the response is what later
+    stages train on and judge."""
     response = row.get("response")
     text = response if isinstance(response, str) else ""
-    reasoning, answer = row.get("reasoning"), row.get("answer")
-    if isinstance(reasoning, str) and answer == "":
+    reasoning, final = row.get("reasoning"), row.get("final")
+    if final is None:
+        final = row.get("answer")
+    if isinstance(reasoning, str) and final == "":
         cut = ResponseParts(reasoning, "", False)
         if render_response(cut) == text:
             return cut
@@ -177,7 +211,8 @@ def response_parts(row: Mapping[str, Any]) -> ResponseParts:
 
 
 def _jsonl_row(row: dict[str, Any], where: str) -> dict[str, Any]:
-    """The row checked against FIELDS; a source row given as an object becomes its JSON text."""
+    """The row checked against FIELDS; a source row given as an object becomes its JSON text, and `messages` given
+    as JSON text (rows written before it was a list) its list of turns."""
     if missing := [c for c in REQUIRED if c not in row]:
         raise SampleInputError(f"{where}: sample row lacks {missing} (fields: {sorted(row)[:12]})")
     for name, value in row.items():
@@ -186,6 +221,8 @@ def _jsonl_row(row: dict[str, Any], where: str) -> dict[str, Any]:
             raise SampleInputError(f"{where}: field {name!r}: expected {spec.expected}, got {_show(value)}")
     if isinstance(row.get("record"), dict):
         row = {**row, "record": json.dumps(row["record"], ensure_ascii=False)}
+    if isinstance(row.get("messages"), str):
+        row = {**row, "messages": messages_from_json(row["messages"])}
     return row
 
 
@@ -230,9 +267,17 @@ def _type_fits(spec: Field, kind: pa.DataType) -> bool:
         return pa.types.is_integer(kind)
     if spec.kind == "json" and pa.types.is_struct(kind):
         return True
+    if spec.kind == "messages" and (pa.types.is_list(kind) or pa.types.is_large_list(kind)):
+        turn = kind.value_type
+        return pa.types.is_struct(turn) and all(
+            turn.get_field_index(name) >= 0 and _is_text(turn.field(name).type) for name in ("role", "content"))
     if pa.types.is_dictionary(kind):
         kind = kind.value_type
-    return pa.types.is_string(kind) or pa.types.is_large_string(kind)
+    return _is_text(kind)
+
+
+def _is_text(kind: pa.DataType) -> bool:
+    return pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_null(kind)
 
 
 def _out_of_range(column: pa.ChunkedArray, maximum: int) -> pa.ChunkedArray | None:
@@ -274,6 +319,8 @@ def _parquet_column(spec: Field, column: pa.ChunkedArray, origin: str, first_row
         raise refuse(i)
     if pa.types.is_struct(column.type):
         return column
+    if spec.kind == "messages":
+        return _messages_column(column, refuse)
     if spec.kind == "count" and not pa.types.is_null(column.type):
         outside = _out_of_range(column, spec.maximum)
         if outside is not None and (i := _first(outside)) is not None:
@@ -282,6 +329,27 @@ def _parquet_column(spec: Field, column: pa.ChunkedArray, origin: str, first_row
     if spec.kind == "id" and (i := _first(pc.equal(pc.utf8_length(column), 0))) is not None:
         raise refuse(i)
     return column
+
+
+def _messages_column(column: pa.ChunkedArray, refuse: Callable[[int], SampleInputError]) -> pa.ChunkedArray:
+    """A `messages` column as MESSAGES_TYPE: a list column whose every turn has a role and a content, or JSON text
+    (written before it was a list), each value a JSON list of turns; `refuse(i)` names the first that is not."""
+    if not (pa.types.is_list(column.type) or pa.types.is_large_list(column.type)):
+        turns = []
+        for i, text in enumerate(column.to_pylist()):  # old rows only: one batch of Python values at a time
+            turns.append(None if text is None else messages_from_json(text))
+            if text is not None and turns[-1] is None:
+                raise refuse(i)
+        return pa.chunked_array([pa.array(turns, MESSAGES_TYPE)])
+    row = 0
+    for chunk in column.chunks:
+        flat = chunk.flatten()  # the turns of the chunk's rows, in order
+        holes = pc.or_kleene(pc.is_null(flat), pc.or_kleene(pc.is_null(pc.struct_field(flat, "role")),
+                                                            pc.is_null(pc.struct_field(flat, "content"))))
+        if (hole := _first(holes)) is not None:
+            raise refuse(row + pc.list_parent_indices(chunk)[hole].as_py())
+        row += len(chunk)
+    return column.cast(MESSAGES_TYPE)  # a turn's other fields (a user's reasoning_content, say) are dropped
 
 
 def _parquet_tables(path: Path, origin: str, batch_rows: int, columns: Sequence[str] | None,

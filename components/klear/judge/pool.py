@@ -36,8 +36,8 @@ CLOSE_GRACE_S = 5.0  # on close, time for workers to shut their sandbox pools do
 def resolve_problems(samples: Sequence[Mapping[str, Any]], problems: Mapping[str, Problem] | None = None,
                      task: str = "auto") -> list[Problem | None]:
     """Each sample's problem: from `problems` by id (None: the id is unknown there), else from the sample's own
-    `record` (the prompt's source row). A sample's own `answer` column is the model's answer, never the gold:
-    only its `record` is read."""
+    `record` (the prompt's source row). A sample's own `final` column (`answer` in rows written before the rename)
+    is the model's answer, never the gold: only its `record` is read."""
     if problems is not None:
         return [problems.get(str(s["id"])) for s in samples]
     parsed: dict[tuple[str, Any], Problem | None] = {}  # the samples of one prompt share one record: parse it once

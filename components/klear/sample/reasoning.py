@@ -5,7 +5,7 @@ Servers put the reasoning in `message.reasoning` (vLLM >= 0.10 with `--reasoning
 `<think>...</think>` (no parser; local engines). DeepSeek-R1's chat template opens `<think>` in the prompt,
 so the model's text may hold only the closing tag. The normal form is
 
-    <think>\n{reasoning}\n</think>\n\n{answer}
+    <think>\n{reasoning}\n</think>\n\n{final}
 
 and a response cut inside its reasoning keeps no `</think>`: `<think>\n{reasoning}`. Thinking ends at the last
 `</think>` (klear.common.chat.answer_start), also where a server's parser split the reply at an earlier one.
@@ -30,12 +30,12 @@ def from_message(message: Mapping[str, Any], finish_reason: str | None) -> Parse
     for key in ("reasoning", "reasoning_content"):
         reasoning = message.get(key)
         if isinstance(reasoning, str) and reasoning:
-            answer = content if isinstance(content, str) else ""
+            final = content if isinstance(content, str) else ""
             # vLLM sends content None when the output never left the reasoning; transformers serve sends "".
-            # Either way an empty answer on a cut response means the cut fell inside the reasoning.
-            closed = content is not None and not (finish_reason == "length" and not answer.strip())
-            parts = Parsed(reasoning.strip(), answer.lstrip(), closed)
+            # Either way an empty final text on a cut response means the cut fell inside the reasoning.
+            closed = content is not None and not (finish_reason == "length" and not final.strip())
+            parts = Parsed(reasoning.strip(), final.lstrip(), closed)
             # vLLM's deepseek_r1 parser ends the reasoning at the first </think>; the contract's rule is the last,
-            # so an answer that still holds one is split again (any other closed reply reads back unchanged).
+            # so a final text that still holds one is split again (any other closed reply reads back unchanged).
             return from_text(render(parts)) if closed else parts
     return from_text(content if isinstance(content, str) else "")

@@ -13,7 +13,7 @@ import pyarrow as pa
 from klear.common import storage
 from klear.sample.backends.base import Backend
 from klear.sample.config import SampleConfig
-from klear.sample.store import SCHEMA, ResumeMismatchError, WorkArea
+from klear.sample.store import ResumeMismatchError, WorkArea, current_rows
 
 log = logging.getLogger("klear.sample")
 
@@ -84,11 +84,7 @@ def import_published(output: storage.Uri, area: WorkArea) -> int:
     manifest = storage.read_manifest(output)
     parts = sorted(rel for rel in manifest.files if rel.startswith("samples/") and rel.endswith(".parquet"))
     for i, (_, path) in enumerate(storage.iter_published(output, manifest, parts)):
-        table = pq.read_table(path)
-        for name in SCHEMA.names:  # an output of an earlier version lacks newer columns: null, not an error
-            if name not in table.column_names:
-                table = table.append_column(name, pa.nulls(table.num_rows, SCHEMA.field(name).type))
-        table = table.select(SCHEMA.names).cast(SCHEMA)
+        table = current_rows(pq.read_table(path))  # an output of an earlier version: as the schema is now
         area.write_table(f"{PUBLISHED_PREFIX}-{i:05d}", table)
         rows += table.num_rows
     return rows

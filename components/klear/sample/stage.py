@@ -13,9 +13,9 @@ under a hash of the settings that decide what is sampled; a restart, on any pod,
 units, and a restart under other settings is refused. When every unit is done (or failures stay within
 max_failed_fraction) the stage publishes, manifest last:
 
-    samples/part-*.parquet   one row per (prompt, sample): id, sample, prompt, response, reasoning, answer,
+    samples/part-*.parquet   one row per (prompt, sample): id, sample, prompt, response, reasoning, final,
                              finish_reason, prompt_tokens, completion_tokens, model, source, record, seed,
-                             attempts, prompt_hash (rows in prompt order, then sample index: the same
+                             attempts, prompt_hash, messages (rows in prompt order, then sample index: the same
                              rows in the same order however many slices, pods or restarts sampled them)
     failed/part-*.parquet    units that failed every attempt: id, sample, error_kind, error, attempts
     report.json, report.md   settings, backend, versions, counts, failures by kind, tokens, speed

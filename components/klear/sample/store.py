@@ -37,7 +37,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from klear.common import storage
-from klear.common.sample_rows import SAMPLE_SCHEMA
+from klear.common.sample_rows import MESSAGES_TYPE, SAMPLE_SCHEMA
 from klear.common.slices import refuse_foreign_work, slice_folder, work_file_pattern
 from klear.sample.backends.base import Completion
 from klear.sample.reasoning import render
@@ -90,13 +90,29 @@ def completion_row(completion: Completion) -> dict[str, Any]:
     assert parsed is not None, "failed units are never written to shards"
     return {
         "id": request.prompt.id, "sample": request.sample, "prompt": request.prompt.text,
-        "response": render(parsed), "reasoning": parsed.reasoning, "answer": parsed.answer,
+        "response": render(parsed), "reasoning": parsed.reasoning, "final": parsed.final,
         "finish_reason": completion.finish_reason, "prompt_tokens": completion.prompt_tokens,
         "completion_tokens": completion.completion_tokens, "model": completion.model,
         "source": request.prompt.source, "record": request.prompt.record, "seed": request.seed,
         "attempts": completion.attempts, "prompt_hash": request.prompt.hash,
-        "messages": orjson.dumps(list(request.prompt.messages)).decode(),
+        "messages": list(request.prompt.messages),
     }
+
+
+def current_rows(table: pa.Table) -> pa.Table:
+    """Sample rows of a shard or published part as SCHEMA holds them now, also those written before a change of
+    it: a column they lack is null, their `answer` (the final text, before the rename: `klear sample` never wrote
+    a gold answer) is `final`, their `messages` as JSON text the list of turns."""
+    names = table.column_names
+    if "final" not in names and "answer" in names:
+        table = table.rename_columns(["final" if n == "answer" else n for n in names])
+    if "messages" in table.column_names and not pa.types.is_list(table.schema.field("messages").type):
+        turns = [None if text is None else orjson.loads(text) for text in table.column("messages").to_pylist()]
+        table = table.set_column(table.column_names.index("messages"), "messages", pa.array(turns, MESSAGES_TYPE))
+    for name in SCHEMA.names:
+        if name not in table.column_names:
+            table = table.append_column(name, pa.nulls(table.num_rows, SCHEMA.field(name).type))
+    return table.select(SCHEMA.names).cast(SCHEMA)
 
 
 def failed_row(completion: Completion) -> dict[str, Any]:
@@ -239,18 +255,20 @@ class WorkArea:
         storage.write_bytes(self.uri.join("index", f"{name}.json"), _index_bytes(table))
 
     def read_shard(self, name: str, columns: list[str] | None = None) -> pa.Table:
-        """A shard's rows; a shard that cannot be read (truncated or overwritten on disk) is moved out of the way
-        with its index, so that the next scan no longer counts its units as done, and CorruptShardError names it."""
+        """A shard's rows (all of its columns: as SCHEMA has them now, `current_rows`); a shard that cannot be read
+        (truncated or overwritten on disk) is moved out of the way with its index, so that the next scan no longer
+        counts its units as done, and CorruptShardError names it."""
         uri = self.uri.join("shards", f"{name}.parquet")
         data = storage.read_bytes(uri)
         try:
-            return pq.read_table(pa.BufferReader(data), columns=columns)
+            table = pq.read_table(pa.BufferReader(data), columns=columns)
         except (pa.ArrowInvalid, OSError) as exc:
             self._set_aside(name, data)
             raise CorruptShardError(
                 f"{uri}: the shard cannot be read ({exc}); it was moved to {self.uri.join(CORRUPT, f'{name}.parquet')} "
                 "and its units count as not done: run the sampling again (the slices, then the merge) to sample "
                 "them again; nothing was published") from None
+        return current_rows(table) if columns is None else table
 
     def _set_aside(self, name: str, data: bytes) -> None:
         storage.write_bytes(self.uri.join(CORRUPT, f"{name}.parquet"), data)

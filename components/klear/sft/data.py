@@ -88,4 +88,6 @@ def _skipped(reason: str) -> dict[str, Any]:
 def iter_conversations(uris: list[str]) -> Iterator[tuple[str, str]]:
     """(where, conversation JSON or "null") for every record of the data sources, in order."""
     for located in iter_training_records(uris):
+        # JSON only as transport through the datasets cache: an Arrow struct would give every turn a reasoning_content
+        # (null where absent, "defined" to a model's own chat template) and no value for an unreadable record ("null").
         yield located.where, json.dumps(to_messages(located.record))

@@ -10,7 +10,7 @@ what is kept (keep_all, drop_incorrect_on_easy, drop_incorrect); truncated respo
 </think>) are always dropped, and so are records longer than max_length tokens of `--tokenizer`. Publishes
 
     records/part-*.parquet   {"messages": [the conversation the teacher answered (system prompt and earlier
-                             turns included), assistant "<think>...</think>\\n\\nanswer"]} plus id,
+                             turns included), assistant "<think>...</think>\\n\\nfinal"]} plus id,
                              sample, source, difficulty, correct, reference_pass_rate, tokens, verdict
     report.json, report.md   counts per source x difficulty x correctness, what each policy keeps, lengths
     token_lengths.png        length distribution of the usable responses
@@ -21,7 +21,6 @@ atomically (manifest last); `klear sft --data <output>` reads the records.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import time
 from collections import Counter, defaultdict
@@ -34,7 +33,7 @@ from klear.common import storage
 from klear.common import tokenizer as common_tokenizer
 from klear.common.data_stage import DataStage
 from klear.common.records import ParquetShardWriter, unwrap_record
-from klear.common.sample_rows import prompt_text, response_parts
+from klear.common.sample_rows import MESSAGES_TYPE, prompt_text, response_parts
 from klear.judge import Judge
 from klear.judge.io import SampleInputError, iter_judged
 from klear.judge.plots import histogram_png
@@ -46,13 +45,13 @@ from klear.sft_data.report import render_markdown
 log = logging.getLogger("klear.sft_data")
 STAGE = DataStage("sft-data", SftDataConfig, render_markdown)
 
-MESSAGE = pa.struct([("role", pa.string()), ("content", pa.string())])
 RECORD_SCHEMA = pa.schema([
-    ("messages", pa.list_(MESSAGE)), ("id", pa.string()), ("sample", pa.int64()), ("source", pa.string()),
+    ("messages", MESSAGES_TYPE), ("id", pa.string()), ("sample", pa.int64()), ("source", pa.string()),
     ("difficulty", pa.string()), ("correct", pa.bool_()), ("reference_pass_rate", pa.float64()),
     ("tokens", pa.int64()), ("verdict", pa.string()),
 ])
-_COLUMNS = ("id", "sample", "prompt", "response", "reasoning", "answer", "finish_reason", "record", "source",
+# `answer`: the final text of rows written before its rename to `final` (response_parts reads either).
+_COLUMNS = ("id", "sample", "prompt", "response", "reasoning", "final", "answer", "finish_reason", "record", "source",
             "completion_tokens", "messages")
 
 
@@ -168,19 +167,12 @@ def run(samples: str, output: str, config: SftDataConfig, reference: str | None 
 
 def conversation(row: dict[str, Any], fallback_prompt: str) -> list[dict[str, str]]:
     """The conversation the teacher answered: the row's `messages` (system prompt and earlier turns included) as
-    `klear sample` recorded them; for rows without them (other tools' files), the prompt as one user turn."""
+    `klear sample` recorded them, a list of {role, content} turns the sample-row reader has checked; for rows
+    without them (other tools' files), the prompt as one user turn."""
     recorded = row.get("messages")
     if not recorded:
         return [{"role": "user", "content": str(row.get("prompt") or fallback_prompt)}]
-    try:
-        turns = json.loads(recorded)
-    except ValueError:
-        turns = None
-    if not (isinstance(turns, list) and turns and all(
-            isinstance(t, dict) and isinstance(t.get("role"), str) and isinstance(t.get("content"), str) for t in turns)):
-        raise SampleInputError(f"sample {row.get('id')!r}/{row.get('sample')}: field 'messages' is not a JSON list of "
-                               "{role, content} turns")
-    return [{"role": t["role"], "content": t["content"]} for t in turns]
+    return [{"role": t["role"], "content": t["content"]} for t in recorded]
 
 
 def _select(rows: list[dict[str, Any]], levels: dict[str, float | None], have_reference: bool, tok: Any,

@@ -175,12 +175,12 @@ def parse_completion(payload: Any, request: Request, attempts: int, served_model
     given = payload.get("usage")
     usage: dict[str, Any] = given if isinstance(given, dict) else {}
     parsed = reasoning.from_message(normal_message(message), finish)
-    if parsed.reasoning is None and not parsed.answer.strip() and finish == "length" and token_count(
+    if parsed.reasoning is None and not parsed.final.strip() and finish == "length" and token_count(
             usage, "completion_tokens"):
         # Tokens written, none shown, cut by the length limit: vLLM's deepseek_r1 parser holds back a reply that is
         # only its opening <think>. The cut fell inside the reasoning; a retry (same seed) would write the same.
         parsed = reasoning.Parsed("", "", False)
-    if parsed.reasoning is None and not parsed.answer.strip():
+    if parsed.reasoning is None and not parsed.final.strip():
         raise BadResponse("empty_answer", f"200 with an empty answer and no reasoning (finish_reason {finish}, "
                           f"content {str(message.get('content'))[:100]!r})")
     model = payload.get("model")
