@@ -8,11 +8,13 @@ from klear import testsets as benchmarks
 from klear.common.records import read_records
 from klear.curate.matching import (
     BenchmarkItem,
+    Match,
     NgramIndex,
     baseline_contaminated,
     dedup_key,
     normalize,
     normalize_batch,
+    pack_normalized,
     words,
 )
 from klear.demo.generate import math_items
@@ -180,3 +182,71 @@ def test_invisible_characters_inside_every_word_do_not_hide_a_copy(index: NgramI
     assert not missed, f"{len(missed)} invisible characters hide the copy, e.g. {missed[:5]}"
     # The same through the single-text path and the dedup key.
     assert all(dedup_key(normalize(t)) == dedup_key(normalize(item.text)) for t in texts[::97])
+
+
+# --- the packed path (pack_normalized + match_packed), which the stage runs, against the word-list path ----------
+
+def _word_list_path(index: NgramIndex, texts: list[str]) -> list[Match | None]:
+    """What the stage used to compute: match_batch on the word lists, match_short for texts under n words."""
+    lists = normalize_batch(texts).to_pylist()
+    matches = index.match_batch(normalize_batch(texts))
+    return [index.match_short(ws) if len(ws) < index.n else m for ws, m in zip(lists, matches)]
+
+
+def _mixed_texts(items: list[BenchmarkItem], rng: random.Random) -> list[str]:
+    """Random texts of every kind of character, reworded benchmark problems (some hidden in other text, some cut
+    under 9 words), blank ones, and one problem with an invisible character inside every word, shuffled."""
+    alphabet = "abcXYZ019 _-$\\{}()[].,;:!?\t\n éÉßΣσ１２ﬁ—…√∑π∞\u00ad\u200b"
+    texts = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 80))) for _ in range(500)]
+    vocabulary = sorted({w for item in items for w in words(item.text)})
+    for item in rng.sample(items, 30):
+        texts += list(_variants(item.text).values())
+        texts.append(" ".join(rng.choice(vocabulary) for _ in range(60)) + " " + item.text)
+        texts.append(" ".join(words(item.text)[3:3 + rng.randint(1, 8)]))
+    texts.append("\u2060".join(items[0].text))
+    texts += ["", " ", "$$", "\n"]
+    rng.shuffle(texts)
+    return texts
+
+
+def test_packed_batches_give_the_word_list_path_s_words_keys_and_matches(
+    index: NgramIndex, items: list[BenchmarkItem]
+) -> None:
+    rng = random.Random(11)
+    texts = _mixed_texts(items, rng)
+    packed = pack_normalized(texts)
+    assert [packed.text(i).decode() for i in range(len(texts))] == [normalize(t) for t in texts]
+    assert packed.word_counts().tolist() == [len(words(t)) for t in texts]
+    expected = _word_list_path(index, texts)
+    assert index.match_packed(packed) == expected
+    assert sum(m is not None for m in expected) >= 150
+    # Any batch boundary: matches never run from one text into the next.
+    for size in (1, 7, 64):
+        got = [m for start in range(0, len(texts), size) for m in index.match_packed(pack_normalized(texts[start:start + size]))]
+        assert got == expected, size
+
+
+def test_packed_batches_catch_every_invisible_character_inside_every_word(
+    index: NgramIndex, items: list[BenchmarkItem]
+) -> None:
+    import re
+
+    from klear.curate.matching import DEFAULT_IGNORABLE
+
+    item = next(i for i in items if i.benchmark.startswith("hmmt"))
+    texts = [re.sub(r"(\w)(?=\w)", lambda m, c=chr(c): m.group(1) + c, item.text)  # noqa: B008
+             for c in sorted(DEFAULT_IGNORABLE)]
+    packed = pack_normalized(texts)
+    clean = normalize(item.text).encode()
+    assert all(packed.text(i) == clean for i in range(len(texts)))
+    missed = [hex(c) for c, m in zip(sorted(DEFAULT_IGNORABLE), index.match_packed(packed))
+              if m is None or item.id not in m.item_ids]
+    assert not missed, f"{len(missed)} invisible characters hide the copy, e.g. {missed[:5]}"
+
+
+def test_packed_batches_of_nothing_but_blank_texts(index: NgramIndex) -> None:
+    for texts in ([], [""], ["", "  ", "!?"]):
+        packed = pack_normalized(texts)
+        assert packed.word_counts().tolist() == [0] * len(texts)
+        assert [packed.text(i) for i in range(len(texts))] == [b""] * len(texts)
+        assert index.match_packed(packed) == [None] * len(texts)

@@ -158,3 +158,22 @@ def test_cli_reports_errors_plainly(demo: Path, tmp_path: Path) -> None:
     )
     assert bad.returncode == 2
     assert "klear curate: error: CurateConfig from preset 'tiny'" in bad.stderr and "ngram_size" in bad.stderr
+
+
+def test_workers_zero_leaves_a_core_to_the_main_process() -> None:
+    from klear.curate.stage import curate_workers
+
+    assert curate_workers(0, 2) == 1  # 2 cores: everything in one process, no pipe
+    assert curate_workers(0, 1) == 1
+    assert curate_workers(0, 16) == 15
+    assert curate_workers(3, 2) == 3  # asked for: given
+
+
+def test_a_run_never_imports_pandas(demo: Path, tmp_path: Path) -> None:
+    """pyarrow imports pandas on the first pa.array of a list, a fixed cost of a second or so: the stage builds its
+    arrays from buffers (klear.curate.arrays)."""
+    code = (f"import sys; from klear.curate.stage import run; from tests.curate.test_stage import _tiny; "
+            f"run([{str(demo / 'math.jsonl')!r} + '#prompt=problem'], {str(tmp_path / 'out')!r}, _tiny()); "
+            "print('pandas' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip().splitlines()[-1] == "False"

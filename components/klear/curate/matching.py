@@ -11,11 +11,13 @@ Normalization (used for both dedup and decontamination):
 Matching then runs on the resulting word sequence, so reformatted copies of a problem (case,
 spacing, punctuation, `$` removed) still share their word n-grams with the original.
 
-Speed: a batch is normalized with a byte-translation fast path for ASCII text, split and
-looked up in the benchmark vocabulary by Arrow's C++ kernels, and its n-grams hashed with numpy.
-Any n-gram containing a word absent from every benchmark cannot match, so only the rest are
-hashed and looked up; each hash hit is confirmed on the actual words, so a hash collision can
-never remove a prompt.
+Speed: a batch is normalized with a byte-translation fast path for ASCII text into one buffer
+(`pack_normalized`: runs of spaces folded by numpy, every word's place found by numpy), its words
+looked up in the benchmark vocabulary by Arrow's C++ hash kernel straight from that buffer (words become
+Python objects only in hash hits and prompts under n words), and its n-grams hashed with numpy. Any n-gram containing a word absent from
+every benchmark cannot match, so only the rest are hashed and looked up; each hash hit is confirmed on
+the actual words, so a hash collision can never remove a prompt. Dedup keys hash each text's slice of
+the same buffer. (`normalize_batch` and `match_batch`, the word-list path, give the same matches.)
 """
 
 from __future__ import annotations
@@ -30,13 +32,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import xxhash
 
+from klear.curate.arrays import bool_array, int64_array, text_array
+
 __all__ = [
     "BenchmarkItem",
     "Match",
     "NgramIndex",
+    "PackedTexts",
     "dedup_key",
     "normalize",
     "normalize_batch",
+    "pack_normalized",
     "words",
 ]
 
@@ -113,7 +119,7 @@ def words(text: str) -> list[str]:
 def normalize_batch(texts: Sequence[str]) -> pa.ListArray:
     """Word lists of many texts at once (a list<string> Arrow array, one entry per text)."""
     # The bytes are UTF-8 by construction (ASCII, or encoded from str): view them as text unvalidated.
-    folded = pa.array([_normalize_bytes(t) for t in texts], type=pa.large_binary()).view(pa.large_string())
+    folded = text_array([_normalize_bytes(t) for t in texts], pa.large_string())
     # Only single ASCII spaces remain between words and none at the ends, so this split is exact,
     # except that Arrow splits "" into [""]: such (rare) lists are rebuilt empty.
     lists = pc.ascii_split_whitespace(folded)
@@ -121,12 +127,87 @@ def normalize_batch(texts: Sequence[str]) -> pa.ListArray:
     if not blank.any():
         return lists
     lengths = pc.list_value_length(lists).to_numpy(zero_copy_only=False)
-    values = pc.list_flatten(lists).filter(pa.array(np.repeat(~blank, lengths)))
+    values = pc.list_flatten(lists).filter(bool_array(np.repeat(~blank, lengths)))
     offsets = np.concatenate(([0], np.cumsum(np.where(blank, 0, lengths))))
-    return type(lists).from_arrays(pa.array(offsets, lists.offsets.type), values)
+    return type(lists).from_arrays(int64_array(offsets).cast(lists.offsets.type), values)
 
 
-def dedup_key(normalized: str | bytes) -> bytes:
+def _values_or_minus_one(positions: pa.Int32Array) -> np.ndarray:
+    """An int32 Arrow array's values with -1 where it is null, read from its buffers (fill_null costs a copy more)."""
+    validity, values = positions.buffers()[:2]
+    out = np.frombuffer(values, dtype=np.int32, count=positions.offset + len(positions))[positions.offset :]
+    if validity is None or positions.null_count == 0:
+        return out
+    bits = np.unpackbits(np.frombuffer(validity, dtype=np.uint8), bitorder="little")
+    return np.where(bits[positions.offset : positions.offset + len(positions)].view(bool), out, -1)
+
+
+@dataclass(frozen=True)
+class PackedTexts:
+    """The normalized forms of a batch of texts in one buffer: words separated by one space, texts by one newline
+    (normalization leaves neither a newline nor a run of spaces inside a text), a newline at the very end, and
+    where every text and word lies in it. Words of the whole batch are numbered in order."""
+
+    data: bytes
+    text_starts: np.ndarray  # int64 byte offsets; an empty text has start == end
+    text_ends: np.ndarray
+    word_starts: np.ndarray  # int64 byte offset of every word; each word ends one byte before the next starts
+    first_word: np.ndarray  # int64, len(texts) + 1: text i's words are first_word[i]:first_word[i + 1]
+
+    def __len__(self) -> int:
+        return len(self.text_starts)
+
+    def word_counts(self) -> np.ndarray:
+        return np.diff(self.first_word)
+
+    def text(self, i: int) -> bytes:
+        """Text i's normalized form, UTF-8: its words joined by single spaces."""
+        return self.data[self.text_starts[i] : self.text_ends[i]]
+
+    def spans(self, first_words: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray]:
+        """Byte ranges (starts, ends) of the runs of `count` words beginning at word numbers `first_words`."""
+        ends = np.append(self.word_starts, len(self.data))[first_words + count] - 1
+        return self.word_starts[first_words], ends
+
+
+def pack_normalized(texts: Sequence[str], encoded: Sequence[bytes] | None = None) -> PackedTexts:
+    """Normalize a batch of texts into one buffer (see PackedTexts): same words as `words` gives for each text.
+    `encoded`: the texts as UTF-8, when the caller has them already (a text is ASCII when it has as many bytes)."""
+    if encoded is None:
+        encoded = [t.encode() for t in texts]
+    table = _ASCII_TABLE
+    parts = [e.translate(table).strip() if len(e) == len(t) else _normalize_bytes(t) for t, e in zip(texts, encoded)]
+    filled = [i for i, part in enumerate(parts) if part]
+    if not filled:
+        none = np.zeros(len(parts), dtype=np.int64)
+        return PackedTexts(b"", none, none, np.zeros(0, dtype=np.int64), np.zeros(len(parts) + 1, dtype=np.int64))
+    raw = np.frombuffer(b"\n".join([parts[i] for i in filled]) + b"\n", dtype=np.uint8)
+    # Only the ASCII path leaves runs of spaces (one per character it folded): keep the first of each run.
+    space = raw == 32
+    keep = np.empty(len(raw), dtype=bool)
+    keep[0] = True
+    np.logical_and(space[1:], space[:-1], out=keep[1:])
+    np.logical_not(keep[1:], out=keep[1:])
+    packed = raw[keep]
+    # Bytes left: newline (10), space (32), and the UTF-8 of letters and digits (from 48 up).
+    separator = packed <= 32
+    # The first byte begins the first non-empty text's first word; every other word begins after a separator.
+    word_starts = np.flatnonzero(separator[:-1] > separator[1:])
+    word_starts += 1
+    word_starts = np.concatenate(([0], word_starts))
+    breaks = np.flatnonzero(packed == 10)  # one after each non-empty text
+    text_starts = np.zeros(len(parts), dtype=np.int64)
+    text_ends = np.zeros(len(parts), dtype=np.int64)
+    filled_at = np.array(filled, dtype=np.int64)
+    text_ends[filled_at] = breaks
+    text_starts[filled_at] = np.concatenate(([0], breaks[:-1] + 1))
+    counts = np.zeros(len(parts), dtype=np.int64)
+    counts[filled_at] = np.diff(np.searchsorted(word_starts, np.concatenate((text_starts[filled_at], [len(packed)]))))
+    first_word = np.concatenate(([0], np.cumsum(counts)))
+    return PackedTexts(packed.tobytes(), text_starts, text_ends, word_starts, first_word)
+
+
+def dedup_key(normalized: str | bytes | memoryview) -> bytes:
     """A 16-byte key of a normalized text (words joined by single spaces): equal texts, equal keys."""
     data = normalized.encode() if isinstance(normalized, str) else normalized
     return xxhash.xxh3_128_digest(data)
@@ -161,7 +242,13 @@ class NgramIndex:
         self.items = list(items)
         self.item_words = [words(item.text) for item in self.items]
         vocabulary = sorted({w for ws in self.item_words for w in ws})
-        self._vocab = pa.array(vocabulary, type=pa.large_string())
+        self._vocab = text_array(vocabulary, pa.large_string())
+        # A packed word is looked up with the separator after it (space or newline): each vocabulary word twice.
+        encoded = [w.encode() for w in vocabulary]
+        self._vocab_separated = text_array([w + b" " for w in encoded] + [w + b"\n" for w in encoded], pa.large_binary())
+        # Position in _vocab_separated -> word id; position -1 (not found) -> the last entry, 0.
+        self._separated_ids = np.concatenate((np.tile(np.arange(1, len(vocabulary) + 1, dtype=np.uint64), 2),
+                                              np.zeros(1, dtype=np.uint64)))
         # Word ids start at 1: 0 marks a word no benchmark contains.
         self._ngrams: dict[tuple[str, ...], list[str]] = {}
         for item, ws in zip(self.items, self.item_words):
@@ -172,6 +259,8 @@ class NgramIndex:
         hashes = [self._hash_windows(ids, np.arange(len(ids) - n + 1)) for ids in map(self._ids_of, self.item_words)
                   if len(ids) >= n]
         self._hashes = np.unique(np.concatenate(hashes)) if hashes else np.zeros(0, dtype=np.uint64)
+        # The same n-grams as UTF-8 text, words joined by single spaces: a packed batch's n-gram is a slice of it.
+        self._ngram_bytes = {" ".join(gram).encode(): gram for gram in self._ngrams}
         # Short prompts are matched as substrings of the benchmark texts, on word boundaries.
         self._joined = "\n".join(f" {' '.join(ws)} " for ws in self.item_words)
         self._line_starts = np.cumsum([0] + [len(" ".join(ws)) + 3 for ws in self.item_words])
@@ -181,10 +270,10 @@ class NgramIndex:
         return len(self._ngrams)
 
     def _ids_of(self, flat_words: pa.Array | list[str]) -> np.ndarray:
-        words_array = flat_words if isinstance(flat_words, pa.Array) else pa.array(flat_words, type=pa.large_string())
+        words_array = flat_words if isinstance(flat_words, pa.Array) else text_array(flat_words, pa.large_string())
         positions = pc.index_in(words_array, value_set=self._vocab)
         # Unknown words (null) become 0, benchmark words 1..V.
-        return (pc.fill_null(positions, -1).to_numpy() + 1).astype(np.uint64)
+        return (_values_or_minus_one(positions) + 1).astype(np.uint64)
 
     def _hash_windows(self, ids: np.ndarray, starts: np.ndarray) -> np.ndarray:
         """Hashes of the windows of n consecutive ids beginning at `starts`."""
@@ -228,17 +317,51 @@ class NgramIndex:
             return results
         prompts = np.searchsorted(offsets, hits, side="right") - 1
         for start, prompt in zip(hits.tolist(), prompts.tolist()):
-            gram = tuple(flat.slice(start, n).to_pylist())
-            owners = self._ngrams.get(gram)  # confirms the hash hit on the words themselves
-            if owners is None:
-                continue
-            previous = results[prompt]
-            if previous is None:
-                results[prompt] = Match(tuple(owners), " ".join(gram))
-            else:
-                merged = previous.item_ids + tuple(o for o in owners if o not in previous.item_ids)
-                results[prompt] = Match(merged, previous.ngram)
+            self._merge(results, prompt, tuple(flat.slice(start, n).to_pylist()))
         return results
+
+    def match_packed(self, packed: PackedTexts) -> list[Match | None]:
+        """For each text of a packed batch, the contamination match or None; texts shorter than n words are
+        matched as in match_short. Same matches as match_batch (and match_short) on the texts' word lists."""
+        results: list[Match | None] = [None] * len(packed)
+        n = self.n
+        counts = packed.word_counts()
+        if len(packed.word_starts) and len(self._hashes):
+            # Each word with the one separator byte after it: word i is data[word_starts[i]:word_starts[i + 1]].
+            offsets = np.concatenate((packed.word_starts, [len(packed.data)]))
+            separated = pa.LargeBinaryArray.from_buffers(
+                pa.large_binary(), len(packed.word_starts),
+                [None, pa.py_buffer(offsets), pa.py_buffer(packed.data)],
+            )
+            positions = pc.index_in(separated, value_set=self._vocab_separated)
+            ids = self._separated_ids[_values_or_minus_one(positions)]
+            starts = self._valid_starts(ids, packed.first_word[1:-1])
+            if len(starts):
+                hashes = self._hash_windows(ids, starts)
+                slot = np.minimum(np.searchsorted(self._hashes, hashes), len(self._hashes) - 1)
+                hits = starts[self._hashes[slot] == hashes]
+                texts = np.searchsorted(packed.first_word, hits, side="right") - 1
+                first_bytes, end_bytes = packed.spans(hits, n)
+                data = packed.data
+                for a, b, text in zip(first_bytes.tolist(), end_bytes.tolist(), texts.tolist()):
+                    gram = self._ngram_bytes.get(data[a:b])  # confirms the hash hit on the words themselves
+                    if gram is not None:
+                        self._merge(results, text, gram)
+        for text in np.flatnonzero((counts > 0) & (counts < n)).tolist():
+            results[text] = self.match_short(packed.text(text).decode().split(" "))
+        return results
+
+    def _merge(self, results: list[Match | None], prompt: int, gram: tuple[str, ...]) -> None:
+        """Add n-gram `gram` of prompt `prompt`, a hash hit, to its match once confirmed on the words themselves."""
+        owners = self._ngrams.get(gram)
+        if owners is None:
+            return
+        previous = results[prompt]
+        if previous is None:
+            results[prompt] = Match(tuple(owners), " ".join(gram))
+        else:
+            merged = previous.item_ids + tuple(o for o in owners if o not in previous.item_ids)
+            results[prompt] = Match(merged, previous.ngram)
 
     def match_short(self, prompt_words: Sequence[str]) -> Match | None:
         """A prompt shorter than n words matches if its whole normalized text occurs inside a benchmark item."""

@@ -26,7 +26,6 @@ from typing import Any, NamedTuple
 import numpy as np
 import orjson
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from klear import testsets as shipped_benchmarks
 from klear.common.data_stage import DataStage
@@ -42,8 +41,9 @@ from klear.common.records import (
     parse_chunk,
     parse_sources,
 )
+from klear.curate.arrays import bool_array, int64_array, text_array, text_list_array
 from klear.curate.config import CurateConfig
-from klear.curate.matching import BenchmarkItem, Match, NgramIndex, dedup_key, normalize_batch
+from klear.curate.matching import BenchmarkItem, Match, NgramIndex, dedup_key, pack_normalized
 from klear.curate.report import render_markdown
 
 log = logging.getLogger("klear.curate")
@@ -140,17 +140,12 @@ class BatchVerdicts:
     matches: list[Match | None]  # n-gram or short-prompt match per prompt
 
 
-def analyze_batch(index: NgramIndex, texts: Sequence[str]) -> BatchVerdicts:
-    """Dedup keys, word counts and contamination matches for a batch of prompt texts."""
-    word_lists = normalize_batch(texts)
-    counts = pc.list_value_length(word_lists).to_numpy(zero_copy_only=False).tolist()
-    joined = pc.binary_join(word_lists, pa.scalar(" ", pa.large_string())).view(pa.large_binary()).to_pylist()
-    keys = [dedup_key(text) for text in joined]
-    matches = index.match_batch(word_lists)
-    for i, count in enumerate(counts):
-        if count < index.n:
-            matches[i] = index.match_short(word_lists[i].as_py())
-    return BatchVerdicts(keys, counts, matches)
+def analyze_batch(index: NgramIndex, texts: Sequence[str], encoded: Sequence[bytes] | None = None) -> BatchVerdicts:
+    """Dedup keys, word counts and contamination matches for a batch of prompt texts (`encoded`: their UTF-8)."""
+    packed = pack_normalized(texts, encoded)
+    data = memoryview(packed.data)
+    keys = [dedup_key(data[a:b]) for a, b in zip(packed.text_starts.tolist(), packed.text_ends.tolist())]
+    return BatchVerdicts(keys, packed.word_counts().tolist(), index.match_packed(packed))
 
 
 @dataclass(frozen=True)
@@ -167,15 +162,53 @@ def prepare_chunk(source: Source, chunk: Chunk, prompt_field: str, id_field: str
                   first_row: int | None = None) -> PreparedBatch:
     """`first_row`: the number, within the whole source, of the chunk's first entry (default: its number in
     its file), so that rows of a source spanning several files get distinct `<source>:<row>` ids."""
-    located = parse_chunk(chunk)
     shift = 0 if first_row is None else first_row - chunk.first
-    fields = [_prompt_fields(row, source, prompt_field, id_field, row.number + shift) for row in located]
-    ids, prompts, records = (list(column) for column in zip(*fields)) if fields else ([], [], [])
-    rows = pa.record_batch(
-        [ids, [source.name] * len(ids), prompts, records, [row.where for row in located]],
-        schema=ROW_SCHEMA,
-    )
-    return PreparedBatch(source.name, rows, analyze_batch(index, prompts))
+    if chunk.lines is not None:
+        ids, prompts, records, wheres = _jsonl_fields(source, chunk, prompt_field, id_field, shift)
+    else:
+        located = parse_chunk(chunk)
+        fields = [_prompt_fields(row, source, prompt_field, id_field, row.number + shift) for row in located]
+        ids, prompts, records = (list(column) for column in zip(*fields)) if fields else ([], [], [])
+        wheres = [row.where for row in located]
+    encoded = [prompt.encode() for prompt in prompts]
+    columns: list[Sequence[str | bytes]] = [ids, [source.name] * len(ids), encoded, records, wheres]
+    rows = pa.RecordBatch.from_arrays([text_array(column) for column in columns], schema=ROW_SCHEMA)
+    return PreparedBatch(source.name, rows, analyze_batch(index, prompts, encoded))
+
+
+def _jsonl_fields(source: Source, chunk: Chunk, prompt_field: str, id_field: str,
+                  shift: int) -> tuple[list[str], list[str], list[str], list[str]]:
+    """(ids, prompts, other fields as JSON, file:line) of a chunk of JSONL lines: what parse_chunk and _prompt_fields
+    give, in one loop for the common row (a text prompt, an id, a row that is not curate's own output); any other
+    row, and every error, goes through them."""
+    ids: list[str] = []
+    prompts: list[str] = []
+    records: list[str] = []
+    wheres: list[str] = []
+    plain_fields = prompt_field != "prompt"  # rows of curate's own output have a "prompt" field (_curated_record)
+    origin = chunk.origin
+    for number, line in enumerate(chunk.lines or (), start=chunk.first):
+        try:
+            record = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            record = None
+        prompt = record.get(prompt_field) if type(record) is dict else None
+        raw_id = record.get(id_field) if type(record) is dict else None
+        if type(prompt) is not str or type(raw_id) is not str or not raw_id or not (plain_fields or "record" not in record):
+            for located in parse_chunk(Chunk(origin, number, lines=[line])):  # blank: none; malformed: the error
+                row_id, prompt, others = _prompt_fields(located, source, prompt_field, id_field, number + shift)
+                ids.append(row_id)
+                prompts.append(prompt)
+                records.append(others)
+                wheres.append(located.where)
+            continue
+        assert type(record) is dict
+        del record[prompt_field]
+        ids.append(raw_id)
+        prompts.append(prompt)
+        records.append(orjson.dumps(record, default=str).decode())
+        wheres.append(f"{origin}:{number}")
+    return ids, prompts, records, wheres
 
 
 def _prepare_in_worker(task: tuple[Source, Chunk, str, str, int]) -> PreparedBatch:
@@ -233,8 +266,27 @@ class Decider:
         removed_at: list[int] = []
         removal: dict[str, list[Any]] = {"reason": [], "matched": [], "ngram": []}
         out_ids = list(ids)  # ids as published: a kept prompt may get a qualified one
-        for i, row_id in enumerate(ids):
-            decision = self.decide(row_id, batch.source, verdicts.keys[i], verdicts.word_counts[i], verdicts.matches[i])
+        n = self.config.ngram_size
+        kept_keys, kept_ids = self.kept_keys, self.kept_ids
+        kept_count = duplicates = 0
+        for i, (row_id, key, word_count, match) in enumerate(zip(ids, verdicts.keys, verdicts.word_counts,
+                                                                  verdicts.matches)):
+            if match is None and word_count >= n:  # the common row, as `decide` would take it, inline
+                first = kept_keys.get(key)
+                if first is None and row_id not in kept_ids:
+                    kept_keys[key] = row_id
+                    kept_ids.add(row_id)
+                    keep[i] = True
+                    kept_count += 1
+                    continue
+                if first is not None:
+                    duplicates += 1
+                    removed_at.append(i)
+                    removal["reason"].append("duplicate")
+                    removal["matched"].append([first])
+                    removal["ngram"].append("")
+                    continue
+            decision = self.decide(row_id, batch.source, key, word_count, match)
             counts[decision.reason or "kept"] += 1
             if decision.reason is None:
                 keep[i] = True
@@ -244,15 +296,17 @@ class Decider:
                 removal["reason"].append(decision.reason)
                 removal["matched"].append(decision.matched)
                 removal["ngram"].append(decision.ngram)
+        counts["kept"] += kept_count
+        counts["duplicate"] += duplicates
         counts["read"] += len(ids)
-        removed = pa.Table.from_batches([batch.rows.take(pa.array(removed_at, pa.int64()))])
+        removed = pa.Table.from_batches([batch.rows.take(int64_array(removed_at))])
         for name, values in removal.items():
             field = REMOVED_SCHEMA.field(name)
-            removed = removed.append_column(field, pa.array(values, field.type))
+            removed = removed.append_column(field, text_list_array(values) if name == "matched" else text_array(values))
         rows = batch.rows
         if out_ids != ids:
-            rows = rows.set_column(0, PROMPT_SCHEMA.field("id"), pa.array(out_ids, pa.string()))
-        return rows.filter(pa.array(keep)), removed
+            rows = rows.set_column(0, PROMPT_SCHEMA.field("id"), text_array(out_ids))
+        return rows.filter(bool_array(keep)), removed
 
     def decide(self, row_id: str, source: str, key: bytes, word_count: int, match: Match | None) -> Decision:
         """The removal reason of one prompt (None = keep), the ids it matched and the shared n-gram."""
@@ -298,6 +352,14 @@ class Decider:
             self.items_hit[self.benchmark_of.get(item, "?")].add(item)
 
 
+def curate_workers(requested: int, cores: int) -> int:
+    """Worker processes for `requested` (0: one per core but one). This process reads, decides duplicates and
+    writes, about a quarter of the work, and every prompt crosses a pipe to a worker and back: on 2 cores one
+    process doing everything is faster than two workers beside it (benchmarks/bench_curate.py), so 0 leaves
+    a core to this process, and 1 means no worker process at all."""
+    return requested if requested > 0 else max(1, cores - 1)
+
+
 def run(
     inputs: Sequence[str], output: str, config: CurateConfig, benchmark_specs: Sequence[str] | None = None
 ) -> dict[str, Any]:
@@ -309,7 +371,7 @@ def run(
     index = NgramIndex(items, n=config.ngram_size)
     log.info("benchmark index: %d items, %d distinct %d-grams", len(items), index.ngram_count, index.n)
     sources = parse_sources(inputs)  # distinct names: d1/math.jsonl and d2/math.jsonl are d1/math and d2/math
-    workers = resolve_workers(config.workers)
+    workers = curate_workers(config.workers, resolve_workers(0))
     decider = Decider(items, config, sources)
     tasks = _tasks(sources, config)
     # Held from here to the manifest: a second run on the same output fails now (OutputBusyError).
