@@ -1,7 +1,7 @@
 """Scoring throughput of `klear evaluate` on 2 cores, beside the verifier pools' own rate on the same samples.
 
     .venv/bin/python benchmarks/bench_evaluate.py [--workers 2] [--math-problems 30] [--k 64]
-                                                  [--code-problems 10] [--code-k 8] [--tests 20]
+                                                  [--code-problems 10] [--code-k 8] [--tests 20] [--repeat 3]
 
 AIME-style: `--math-problems` x `--k` samples with ~8 KB responses (reasoning + a boxed answer, half right).
 LiveCodeBench-style: stdin and functional problems with `--tests` tests each (a public one, the rest private in
@@ -9,16 +9,20 @@ LiveCodeBench's base64/zlib/pickle encoding), `--code-k` samples each: right pro
 half-way (stop at the first failure, as LiveCodeBench grades). The stage runs end to end (read the published
 samples, choose the first k, judge, score, render the report); the pools run on the same (response, reference)
 pairs: MathVerifier.verify_batch and CodeVerifier.verify_batch in first-failure mode, with as many workers.
+The stage and the pool take turns `--repeat` times (each repeat the other goes first); printed after the machine and
+the package versions: min / median / max of each side's samples/s and of their ratio per repeat.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import logging
 import random
+import sys
 import tempfile
-import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +35,9 @@ from klear.evaluate.config import EvaluateConfig
 from klear.evaluate.livecodebench import decode_private_tests
 from klear.evaluate.stage import run
 from klear.verifiers import CodeVerifier, MathVerifier
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks.repeat when run as a script
+from benchmarks.repeat import add_repeat_argument, interleaved, preamble, spread, timed  # noqa: E402
 
 WORDS = ("consider", "the", "sum", "of", "both", "terms", "then", "factor", "and", "check", "each", "case", "again")
 SAMPLING = {"temperature": 0.6, "top_p": 0.95, "top_k": 0, "repetition_penalty": 1.0, "max_tokens": 32768}
@@ -109,15 +116,25 @@ def code_case(tmp: Path, problems: int, k: int, n_tests: int, functional: bool) 
     return (_write_jsonl(items, tmp / f"lcb-{kind}.jsonl"), _publish(rows, str(tmp / f"{kind}-samples")), jobs)
 
 
-def _rate(n: int, fn: Any) -> tuple[float, Any]:
-    start = time.perf_counter()
-    out = fn()
-    return n / (time.perf_counter() - start), out
-
-
 def _judging_rate(report: dict[str, Any]) -> float:
     judge = report["judge"]
-    return judge["judged"] / judge["judge_s"]
+    return float(judge["judged"] / judge["judge_s"])
+
+
+def compare(repeat: int, n: int, stage: Callable[[], tuple[float, dict[str, Any]]], pool: Callable[[], tuple[float, int]],
+            correct: Callable[[dict[str, Any]], int]) -> None:
+    """The stage (seconds, report) and the warm pool (seconds, right answers) taking turns; prints their spreads."""
+    runs = list(interleaved(repeat, stage, pool))
+    for (_, report), (_, right) in runs:
+        assert right == correct(report), (right, correct(report))
+    end_to_end = [n / stage_s for (stage_s, _), _ in runs]
+    judging = [_judging_rate(report) for (_, report), _ in runs]
+    alone = [n / pool_s for _, (pool_s, _) in runs]
+    print("  " + spread("klear evaluate, end to end (read, judge, score, report), samples/s", end_to_end, digits=1))
+    print("  " + spread("klear evaluate, judging phase (workers started inside), samples/s", judging, digits=1))
+    print("  " + spread("verifier pool alone, warm, samples/s", alone, digits=1))
+    print("  " + spread("end to end / pool", [e / a for e, a in zip(end_to_end, alone)], "x"))
+    print("  " + spread("judging phase / pool", [j / a for j, a in zip(judging, alone)], "x"))
 
 
 def main() -> None:
@@ -128,8 +145,10 @@ def main() -> None:
     parser.add_argument("--code-problems", type=int, default=10)
     parser.add_argument("--code-k", type=int, default=8)
     parser.add_argument("--tests", type=int, default=20)
+    add_repeat_argument(parser)
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
+    print(preamble("math-verify", "pyarrow"), flush=True)
     w = args.workers
     common = ["benchmarks.bench_math.kind=math", f"benchmarks.bench_math.k={args.k}",
               f"benchmarks.livecodebench_v5.k={args.code_k}", f"judge.workers={w}", "judge.verifier.code_workers=1",
@@ -137,37 +156,32 @@ def main() -> None:
     math_config = load_config(EvaluateConfig, "paper", [*common, "only=[bench_math]"])
     code_config = load_config(EvaluateConfig, "paper", [*common, "only=[livecodebench_v5]"])
     verifier = math_config.judge.verifier
+    outputs = itertools.count()  # every stage run writes a fresh output
     with tempfile.TemporaryDirectory(prefix="bench-evaluate-") as tmp_dir:
         tmp = Path(tmp_dir)
         math_file, math_samples, pairs = math_case(tmp, args.math_problems, args.k)
-        n = len(pairs)
-        start = time.perf_counter()
-        report = run([math_samples], str(tmp / "out-math"), math_config, [math_file])
-        stage_rate = n / (time.perf_counter() - start)
+        print(f"AIME-style: {len(pairs)} samples (~8 KB responses, {args.math_problems} problems x {args.k}), "
+              f"{w} workers", flush=True)
         with MathVerifier(verifier.model_copy(update={"math_workers": w})) as mv:
             mv.verify_batch(pairs[: 4 * w])  # warm-up: workers started, math-verify imported
-            pool_rate, plain = _rate(n, lambda: mv.verify_batch(pairs))
-        assert sum(r.correct for r in plain) == report["benchmarks"]["bench_math"]["correct"]
-        print(f"AIME-style: {n} samples (~8 KB responses, {args.math_problems} problems x {args.k}), {w} workers")
-        print(f"  klear evaluate, end to end (read, judge, score, report): {stage_rate:8.1f} samples/s")
-        print(f"  klear evaluate, judging phase (workers started inside):  {_judging_rate(report):8.1f} samples/s")
-        print(f"  verifier pool alone, warm (MathVerifier.verify_batch):   {pool_rate:8.1f} samples/s")
+            compare(args.repeat, len(pairs),
+                    lambda: timed(lambda: run([math_samples], str(tmp / f"out-{next(outputs)}"), math_config,
+                                              [math_file])),
+                    lambda: timed(lambda: sum(r.correct for r in mv.verify_batch(pairs))),
+                    lambda report: report["benchmarks"]["bench_math"]["correct"])
         for functional in (False, True):
             name = "functional" if functional else "stdin"
             lcb, samples, jobs = code_case(tmp, args.code_problems, args.code_k, args.tests, functional)
-            n = len(jobs)
-            start = time.perf_counter()
-            report = run([samples], str(tmp / f"out-{name}"), code_config, [lcb])
-            stage_rate = n / (time.perf_counter() - start)
+            print(f"LiveCodeBench-style {name}: {len(jobs)} samples x {args.tests} tests ({args.code_problems} "
+                  f"problems x {args.code_k}, a third failing at test {args.tests // 2}, first-failure mode), "
+                  f"{w} workers", flush=True)
             with CodeVerifier(verifier.model_copy(update={"code_workers": w})) as cv:
                 cv.verify_batch(jobs[:w])  # warm-up: sandbox zygotes forked
-                pool_rate, results = _rate(n, lambda: cv.verify_batch(jobs))  # noqa: B023 (called at once)
-            assert sum(r.all_passed for r in results) == report["benchmarks"]["livecodebench_v5"]["correct"]
-            print(f"LiveCodeBench-style {name}: {n} samples x {args.tests} tests ({args.code_problems} problems x "
-                  f"{args.code_k}, a third failing at test {args.tests // 2}, first-failure mode), {w} workers")
-            print(f"  klear evaluate, end to end (read, judge, score, report): {stage_rate:8.1f} samples/s")
-            print(f"  klear evaluate, judging phase (workers started inside):  {_judging_rate(report):8.1f} samples/s")
-            print(f"  verifier pool alone, warm (CodeVerifier.verify_batch):   {pool_rate:8.1f} samples/s")
+                compare(args.repeat, len(jobs),
+                        lambda: timed(lambda: run([samples], str(tmp / f"out-{next(outputs)}"),  # noqa: B023
+                                                  code_config, [lcb])),  # noqa: B023 (called before the next case)
+                        lambda: timed(lambda: sum(r.all_passed for r in cv.verify_batch(jobs))),  # noqa: B023
+                        lambda report: report["benchmarks"]["livecodebench_v5"]["correct"])
 
 
 if __name__ == "__main__":

@@ -1,24 +1,26 @@
 """What identifying a plain model folder by content costs, on a folder holding one large weights file.
 
-    python benchmarks/bench_fingerprint.py [--size-mb 1024] [--dir DIR] [--repeats 3]
+    python benchmarks/bench_fingerprint.py [--size-mb 1024] [--dir DIR] [--repeat 3]
 
-Figures, in one run on the same file: a plain read of it (8 MB blocks, nothing done with them), the
-fingerprint without a cache (every byte through sha256, then the digest cached beside the folder), and the
-fingerprint again (stat only, digests from the cache); the ratio hash / read says what hashing adds to reading.
-The file was just written, so both read it from the page cache: a read from disk adds the same time to both.
-"""
+Four sides on the same file, taking turns `--repeat` times (each round starting with the next): a plain read of it
+(8 MB blocks, nothing done with them), the fingerprint without a cache (every byte through sha256, then the digest
+cached beside the folder), the fingerprint with the cache off, and the fingerprint again (stat only, digests from the
+cache). Prints the machine and the package versions, then min / median / max of each side's seconds and of its ratio
+to the plain read of the same round: hash / read says what hashing adds to reading. The file was just written, so
+every side reads it from the page cache: a read from disk adds the same time to all."""
 
 from __future__ import annotations
 
 import argparse
 import os
-import statistics
+import sys
 import tempfile
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 from klear.sample.model_folder import digest_cache_path, fingerprint
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks.repeat when run as a script
+from benchmarks.repeat import add_repeat_argument, in_turns, preamble, spread, timed  # noqa: E402
 
 _BLOCK = 8 * 1024 * 1024
 
@@ -43,40 +45,41 @@ def read_all(path: Path) -> int:
     return total
 
 
-def best_of(repeats: int, call: Callable[[], object], before: Callable[[], object] = lambda: None) -> float:
-    """The median wall time of `repeats` calls (`before` runs untimed ahead of each)."""
-    times = []
-    for _ in range(repeats):
-        before()
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size-mb", type=int, default=1024, help="size of the weights file (default 1024)")
     parser.add_argument("--dir", help="where to write the folder (default: a temp dir)")
-    parser.add_argument("--repeats", type=int, default=3)
+    add_repeat_argument(parser)
     args = parser.parse_args()
+    print(preamble(), flush=True)
     with tempfile.TemporaryDirectory(prefix="klear-bench-fp-", dir=args.dir) as tmp:
         folder = Path(tmp) / "model"
         weights = write_folder(folder, args.size_mb)
         cache = digest_cache_path(folder)
         assert cache is not None
         gb = weights.stat().st_size / 1e9
-        read_all(weights)  # once, so the read and the hash both find it in the page cache
-        read_s = best_of(args.repeats, lambda: read_all(weights))
-        cold_s = best_of(args.repeats, lambda: fingerprint(folder, None), lambda: cache.unlink(missing_ok=True))
-        fingerprint(folder, None)
-        cached_s = best_of(args.repeats, lambda: fingerprint(folder, None))
-        uncached_s = best_of(args.repeats, lambda: fingerprint(folder, None, cache=False))
-    print(f"fingerprint of a plain model folder, {gb:.2f} GB of weights (median of {args.repeats}):")
-    print(f"  plain read:             {read_s:7.3f} s  ({gb / read_s:.2f} GB/s)")
-    print(f"  hash, no cache yet:     {cold_s:7.3f} s  ({gb / cold_s:.2f} GB/s), {cold_s / read_s:.2f}x the plain read")
-    print(f"  hash, cache off:        {uncached_s:7.3f} s  ({uncached_s / read_s:.2f}x the plain read)")
-    print(f"  from the cache (stat):  {cached_s * 1000:7.3f} ms ({cached_s / read_s:.4f}x the plain read)")
+        read_all(weights)  # once, so every side finds it in the page cache
+
+        def no_cache_yet() -> float:
+            cache.unlink(missing_ok=True)
+            return timed(lambda: fingerprint(folder, None))[0]
+
+        def from_the_cache() -> float:
+            fingerprint(folder, None)  # untimed: the cache is there whichever side ran before
+            return timed(lambda: fingerprint(folder, None))[0]
+
+        rounds = list(in_turns(args.repeat, [lambda: timed(lambda: read_all(weights))[0], no_cache_yet,
+                                             lambda: timed(lambda: fingerprint(folder, None, cache=False))[0],
+                                             from_the_cache]))
+    read, cold, off, cached = ([r[side] for r in rounds] for side in range(4))
+    print(f"fingerprint of a plain model folder, {gb:.2f} GB of weights:")
+    print("  " + spread("plain read, s", read, digits=3))
+    print("  " + spread("plain read, GB/s", [gb / s for s in read]))
+    print("  " + spread("hash, no cache yet, s", cold, digits=3))
+    print("  " + spread("hash, no cache yet / plain read", [c / r for c, r in zip(cold, read)], "x"))
+    print("  " + spread("hash, cache off / plain read", [o / r for o, r in zip(off, read)], "x"))
+    print("  " + spread("from the cache (stat), ms", [c * 1000 for c in cached], digits=3))
+    print("  " + spread("from the cache / plain read", [c / r for c, r in zip(cached, read)], "x", digits=4))
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ import contextlib
 import json
 import os
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.request
@@ -34,6 +35,9 @@ from klear.gppo.config import GppoConfig
 from klear.gppo.stage import run
 from klear.sft.config import SftConfig
 from klear.sft.stage import run as sft
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks.repeat when run as a script
+from benchmarks.repeat import preamble  # noqa: E402
 
 PHASES = ("time/generation_s", "time/rewards_s", "time/update_s")
 
@@ -145,6 +149,7 @@ def main() -> None:
     parser.add_argument("--tracking", action="store_true", help="also measure tracking and validation overhead")
     parser.add_argument("--tracking-only", action="store_true", help="only the tracking and validation measurement")
     args = parser.parse_args()
+    print(preamble("torch", "transformers", "trl", "math-verify"), flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         build(str(root / "model"))

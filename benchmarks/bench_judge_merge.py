@@ -13,7 +13,9 @@ size a thread polls every 50 ms (bench_sample_scale.DiskPeak): the merge's stagi
 Printed per merge, then min / median / max: seconds, rows/s, MB/s of response text, peak RSS, peak local disk,
 beside the output's size and its largest part's. `--legacy-ref REF` (default: the commit before the judge merge
 streamed; '' to skip): the same merges with klear/judge/stage.py as it was at REF (the output staged whole, then
-published; the samples fetched whole), taking turns with today's; the machine and its load are printed first.
+published; the samples fetched whole), taking turns with today's (each repeat the other goes first), and the ratios
+today / earlier per repeat, min / median / max. The machine (CPU model, flags, load) and the package versions are
+printed first.
 
 Measured 2026-12-06 on 2 shared AMD EPYC cores (load ~1), `python benchmarks/bench_judge_merge.py --prompts 5000
 --n 4 --rows-per-shard 2000 --rows-per-part 2000` (20,000 rows of 30 KB; samples and output 588 MiB each, 10 parts
@@ -27,9 +29,9 @@ many rows the merge writes, where it was twice the output.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
-import platform
 import resource
 import statistics
 import subprocess
@@ -44,6 +46,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # pipelines.local_s3
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_sample_scale
 from bench_sample_scale import object_root, output_sizes, reasoning_text, rss_kb, run_phase  # noqa: E402
+
+from benchmarks.repeat import add_repeat_argument, in_turns, preamble, spread  # noqa: E402
 
 LEGACY_REF = "ede2286"  # before the judge merge streamed its parts and read its samples a part at a time
 PRESET = "paper"
@@ -123,13 +127,6 @@ def copy_folder(source: str, target: str) -> None:
         storage.write_bytes(dst.join(rel), storage.read_bytes(src.join(rel)))
 
 
-def machine() -> str:
-    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                  if line.startswith("model name")), platform.processor() or "unknown CPU")
-    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
-    return f"{platform.node()}: {os.cpu_count()} x {model}, Python {platform.python_version()}, load {load}"
-
-
 def _child(args: argparse.Namespace, samples: str, output: str, work: str, legacy: str | None, scratch: Path,
            env: dict[str, str]) -> dict[str, Any]:
     command = [sys.executable, __file__, "--phase", "merge", "--samples", samples, "--output", output, "--work", work,
@@ -145,7 +142,7 @@ def main() -> None:
     parser.add_argument("--response-bytes", type=int, default=30_000, help="bytes of reasoning per response")
     parser.add_argument("--rows-per-shard", type=int, default=1000, help="rows per judged part the merge writes")
     parser.add_argument("--rows-per-part", type=int, default=1000, help="rows per part of the sample output")
-    parser.add_argument("--repeat", type=int, default=3)
+    add_repeat_argument(parser)
     parser.add_argument("--legacy-ref", default=LEGACY_REF, help="git ref of the earlier judge stage ('' to skip it)")
     parser.add_argument("--local", action="store_true", help="everything in local folders, not SeaweedFS")
     # The merge in its own process (internal).
@@ -160,7 +157,7 @@ def main() -> None:
         return
     rows = args.prompts * args.n
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "components"), str(ROOT)])}
-    print(machine(), flush=True)
+    print(preamble("pyarrow", "boto3", "math-verify"), flush=True)
     with tempfile.TemporaryDirectory(prefix="bench-judge-merge-") as tmp:
         with object_root(Path(tmp), args.local, env) as root:
             samples, work = f"{root}/samples", f"{root}/judged.work"
@@ -179,37 +176,49 @@ def main() -> None:
             labels = [("today", None), *([("earlier", args.legacy_ref)] if args.legacy_ref else [])]
             results: dict[str, list[dict[str, Any]]] = {label: [] for label, _ in labels}
             sizes: dict[str, tuple[int, int, int]] = {}
-            for repeat in range(args.repeat):
-                for label, legacy in labels:  # taking turns: both see the same drift in the machine's load
-                    output, copy = f"{root}/{label}-{repeat}", f"{root}/{label}-{repeat}.work"
-                    copy_folder(work, copy)
-                    result = _child(args, samples, output, copy, legacy, Path(tmp, f"scratch-{label}-{repeat}"), env)
-                    assert result["samples"] == rows, result
-                    sizes[label] = output_sizes(output, "judged/")
-                    results[label].append(result)
-                    print(f"  {label:8s} merge {repeat + 1}: {result['elapsed_s']:6.1f} s, "
-                          f"{rows / result['elapsed_s']:7,.0f} rows/s, peak RSS {result['peak_kb'] / 1024:6,.0f} MiB, "
-                          f"peak local disk {result['peak_disk'] / 2**20:6,.0f} MiB", flush=True)
+
+            def one_merge(label: str, legacy: str | None) -> dict[str, Any]:
+                repeat = len(results[label])
+                output, copy = f"{root}/{label}-{repeat}", f"{root}/{label}-{repeat}.work"
+                copy_folder(work, copy)
+                result = _child(args, samples, output, copy, legacy, Path(tmp, f"scratch-{label}-{repeat}"), env)
+                assert result["samples"] == rows, result
+                sizes[label] = output_sizes(output, "judged/")
+                results[label].append(result)
+                print(f"  {label:8s} merge {repeat + 1}: {result['elapsed_s']:6.1f} s, "
+                      f"{rows / result['elapsed_s']:7,.0f} rows/s, peak RSS {result['peak_kb'] / 1024:6,.0f} MiB, "
+                      f"peak local disk {result['peak_disk'] / 2**20:6,.0f} MiB", flush=True)
+                return result
+
+            # Taking turns, the other first each repeat: both see the same drift in the machine's load.
+            for _ in in_turns(args.repeat, [functools.partial(one_merge, label, legacy) for label, legacy in labels]):
+                pass
             _print_table(results, sizes, rows, args.response_bytes)
 
 
 def _print_table(results: dict[str, list[dict[str, Any]]], sizes: dict[str, tuple[int, int, int]], rows: int,
                  response_bytes: int) -> None:
-    def spread(values: list[float], form: str) -> str:
+    def cell(values: list[float], form: str) -> str:
         return "/".join(format(v, form) for v in (min(values), statistics.median(values), max(values)))
 
     print(f"\n{'min / median / max':30s}" + "".join(f"{label:>28s}" for label in results))
     lines = [
-        ("merge, s", lambda r: spread([x["elapsed_s"] for x in r], ".1f")),
-        ("rows/s", lambda r: spread([rows / x["elapsed_s"] for x in r], ",.0f")),
-        ("MB/s of responses", lambda r: spread([rows * response_bytes / x["elapsed_s"] / 1e6 for x in r], ".1f")),
-        ("peak RSS, MiB", lambda r: spread([x["peak_kb"] / 1024 for x in r], ",.0f")),
-        ("peak local disk, MiB", lambda r: spread([x["peak_disk"] / 2**20 for x in r], ",.0f")),
+        ("merge, s", lambda r: cell([x["elapsed_s"] for x in r], ".1f")),
+        ("rows/s", lambda r: cell([rows / x["elapsed_s"] for x in r], ",.0f")),
+        ("MB/s of responses", lambda r: cell([rows * response_bytes / x["elapsed_s"] / 1e6 for x in r], ".1f")),
+        ("peak RSS, MiB", lambda r: cell([x["peak_kb"] / 1024 for x in r], ",.0f")),
+        ("peak local disk, MiB", lambda r: cell([x["peak_disk"] / 2**20 for x in r], ",.0f")),
     ]
     for name, value in lines:
         print(f"{name:30s}" + "".join(f"{value(r):>28s}" for r in results.values()))
     for label, (total, part, parts) in sizes.items():
         print(f"{label}: output {total / 2**20:,.0f} MiB, {parts} judged parts, the largest {part / 2**20:,.0f} MiB")
+    if "earlier" in results:  # each repeat's pair ran back to back
+        pairs = list(zip(results["today"], results["earlier"]))
+        print(spread("today / earlier, rows/s", [e["elapsed_s"] / t["elapsed_s"] for t, e in pairs], "x"))
+        print(spread("today / earlier, peak RSS", [t["peak_kb"] / e["peak_kb"] for t, e in pairs], "x"))
+        print(spread("today / earlier, peak local disk", [t["peak_disk"] / max(e["peak_disk"], 1) for t, e in pairs],
+                     "x"))
 
 
 if __name__ == "__main__":

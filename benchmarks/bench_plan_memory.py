@@ -1,6 +1,6 @@
 """`klear plan`'s memory formulas (klear/plan/memory.py) against a measurement: SFT and the GPPO actor on CPU.
 
-    python benchmarks/bench_plan_memory.py [--repeats 3] [--settings NAME ...]
+    python benchmarks/bench_plan_memory.py [--repeat 3] [--settings NAME ...]
 
 A Qwen3 model of 8 layers, hidden 512 (klear.demo.tiny_model with a wider TinySpec: 25.6M parameters, so that model
 states and activations come to ~1.5 GiB in fp32 and the formulas' terms, not allocator noise, make the figure) is
@@ -45,11 +45,11 @@ gppo-checkpointing 0.708 / 0.733 (0.97). The formulas before tests/plan/test_mem
 0.65 / 0.69 / 0.67 / 0.69 of these peaks: they missed Qwen3's QK-norm and the fp32 copies its RMSNorms keep, K and V
 repeated to every head under a mask, the head tile's full width, and that packed rows reach the model as one.
 
-Prints per setting estimated vs measured (GiB), their ratio (min / median / max over --repeats), the parts, and the
-machine. The estimate is the plan's own: the functions sft_memory / gppo_memory add up for the actor, at one process
-(no DeepSpeed: ddp_model_states_bytes), for a klear.plan.shapes.Model read from the saved config.json, checked
-against those functions' own breakdown. tests/plan/test_memory_measured.py runs each setting and holds the estimate
-within TOLERANCE of the measurement.
+Prints the machine and the package versions, then per setting estimated vs measured (GiB), their ratio (min / median
+/ max over --repeat runs), the parts. The estimate is the plan's own: the functions sft_memory / gppo_memory add up
+for the actor, at one process (no DeepSpeed: ddp_model_states_bytes), for a klear.plan.shapes.Model read from the
+saved config.json, checked against those functions' own breakdown. tests/plan/test_memory_measured.py runs each
+setting and holds the estimate within TOLERANCE of the measurement.
 """
 
 from __future__ import annotations
@@ -71,8 +71,8 @@ if TYPE_CHECKING:
     from klear.plan.shapes import Model
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # benchmarks.bench_plan when run as a script
-from benchmarks.bench_plan import machine  # noqa: E402
+sys.path.insert(0, str(ROOT))  # benchmarks.repeat when run as a script
+from benchmarks.repeat import add_repeat_argument, preamble  # noqa: E402
 
 TOLERANCE = 0.25  # the issue's bound: the estimate within 25 % of the measurement
 STEPS = 2  # optimizer steps: the second runs with Adam's moments held
@@ -380,7 +380,7 @@ def measured(names: list[str], repeats: int) -> Iterator[tuple[Setting, dict[str
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeats", type=int, default=3)
+    add_repeat_argument(parser)
     parser.add_argument("--settings", nargs="+", choices=sorted(SETTINGS), default=list(SETTINGS))
     parser.add_argument("--child", choices=sorted(SETTINGS), help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
@@ -389,8 +389,8 @@ def main() -> None:
     if args.child:
         Path(args.result).write_text(json.dumps(measure(SETTINGS[args.child], Path(args.model))))
         return
-    print(f"machine: {machine()}")
-    for setting, parts, runs in measured(args.settings, args.repeats):
+    print(preamble("torch", "transformers", "trl", "accelerate"), flush=True)
+    for setting, parts, runs in measured(args.settings, args.repeat):
         print(report(setting, parts, runs), flush=True)
 
 

@@ -26,6 +26,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # benchmarks.repeat when run as a script
+from benchmarks.repeat import preamble  # noqa: E402
 
 _ANSWER = json.dumps({
     "id": "cmpl", "object": "chat.completion", "model": "bench",
@@ -169,11 +171,11 @@ def main() -> None:
     if args.serve:
         serve(args.serve)
         return
+    print(preamble("aiohttp", "pyarrow"), flush=True)
     with tempfile.TemporaryDirectory(prefix="bench-sample-") as tmp:
         client_overhead(args.prompts, args.n, args.concurrency, Path(tmp))
         resume_cost(args.resume_units, 0.6, str(Path(tmp) / "work"), "local disk")
         if args.s3:
-            sys.path.insert(0, str(ROOT))
             import boto3
 
             from pipelines import local_s3 as s3server

@@ -1,7 +1,7 @@
 """Paper-scale sampling bookkeeping: memory per unit, merge speed and restart time, beside the earlier path.
 
     python benchmarks/bench_sample_scale.py [--prompts 150000] [--n 16] [--small] [--local] [--legacy-ref REF]
-                                            [--response-bytes 30000] [--rows-per-part 100000]
+                                            [--response-bytes 30000] [--rows-per-part 100000] [--repeat 3]
 
 A synthetic run of `prompts` x `n` units (2.4M by default) through the real `klear sample` coordinator, work
 area and merge (klear.sample.stage.run with --slice 0/1, then --merge), with an in-process backend that answers
@@ -22,11 +22,14 @@ The same phases run with the code of `--legacy-ref` (git; default the commit bef
 merge: per-unit dicts and sets, one index object per 256-unit shard) on a work area of its own. Memory per
 unit is (peak RSS - RSS after imports) / units: the prompts' own objects are included (per prompt, not per
 unit). The 24M-unit lines scale the per-unit figures linearly (memory) and the restart by the index objects.
-`--small`: 10,000 prompts x 16 (about a minute). `--response-bytes B`: each response's reasoning is B bytes
+`--repeat N`: the three phases run N times on each side, on fresh work areas, the sides taking turns (each repeat
+the other first); every figure is printed as its median (min-max) over the repeats, after the machine and the package
+versions, with the ratios today / earlier per repeat. `--small`: 10,000 prompts x 16 (about a minute a repeat).
+`--response-bytes B`: each response's reasoning is B bytes
 (default: a ~25-byte line): a teacher row is ~30 KB, so `--response-bytes 30000` measures a merge of realistic rows
 (rows/s and MB/s of response text) instead of the bookkeeping alone.
 
-Measured 2026-12-05 on 2 shared cores, `python benchmarks/bench_sample_scale.py` (8 min in all; today's three
+Measured 2026-12-05 on 2 shared cores, `python benchmarks/bench_sample_scale.py`, one run of each side (8 min in all; today's three
 phases 82 + 70 + 54 s), today vs earlier: coordinator state after the scan 50 / 75 B/unit (first run / restart)
 vs 321 / 267; peak 85 / 110 B/unit vs 327 / 444; merge 115 B/unit vs 703, 44,225 rows/s vs 22,671; restart to
 the first request 6.92 s vs 29.61 s (25 index objects vs 5,625). At 24M units: coordinator peak 2.5 GiB, merge
@@ -46,9 +49,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -60,7 +65,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # pipelines.local_s3
+sys.path.insert(0, str(ROOT))  # pipelines.local_s3, benchmarks.repeat
+from benchmarks.repeat import add_repeat_argument, in_turns, preamble, spread  # noqa: E402
+
 LEGACY_REF = "7349012^"  # before the ordered Arrow merge and the writer indexes
 PAPER_UNITS = 24_000_000
 
@@ -288,6 +295,7 @@ def main() -> None:
     parser.add_argument("--legacy-ref", default=LEGACY_REF, help="git ref of the earlier path ('' to skip it)")
     parser.add_argument("--response-bytes", type=int, default=0, help="bytes of reasoning per response (0: one line)")
     parser.add_argument("--rows-per-part", type=int, help="rows per published Parquet part (default: the preset's)")
+    add_repeat_argument(parser)
     # A phase in its own process (internal).
     parser.add_argument("--phase", choices=["fill", "restart", "merge"])
     parser.add_argument("--prompts-uri")
@@ -303,6 +311,7 @@ def main() -> None:
         args.prompts = 10_000
     units = args.prompts * args.n
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "components"), str(ROOT)])}
+    print(preamble("pyarrow", "boto3"), flush=True)
     with tempfile.TemporaryDirectory(prefix="bench-sample-scale-") as tmp:
         prompts = Path(tmp, "prompts.jsonl")
         with prompts.open("w") as out:
@@ -312,67 +321,90 @@ def main() -> None:
         with object_root(Path(tmp), args.local, env) as root:
             print(f"{args.prompts:,} prompts x {args.n} = {units:,} units of {args.response_bytes or 23:,} bytes of "
                   f"reasoning; work area on {'a local folder' if args.local else 'SeaweedFS (loopback)'}", flush=True)
-            results: dict[str, dict[str, Any]] = {}
-            for label, legacy in (("today", None), ("earlier", args.legacy_ref or None)):
-                if label == "earlier" and not legacy:
-                    continue
-                output, work = f"{root}/{label}/samples", f"{root}/{label}/samples.work"
+            labels = [("today", None), *([("earlier", args.legacy_ref)] if args.legacy_ref else [])]
+            results: dict[str, list[dict[str, Any]]] = {label: [] for label, _ in labels}
+
+            def one_run(label: str, legacy: str | None) -> None:
+                repeat = len(results[label])
+                output, work = f"{root}/{label}-{repeat}/samples", f"{root}/{label}-{repeat}/samples.work"
                 row: dict[str, Any] = {}
                 for kind, stop in (("fill", int(units * args.done)), ("restart", None), ("merge", None)):
                     row[kind] = _child(kind, legacy, str(prompts), output, work, args.n, stop, env, args.response_bytes,
-                                       args.rows_per_part, Path(tmp, f"scratch-{label}-{kind}"))
-                    print(f"  {label:8s} {kind:8s} {row[kind]['elapsed_s']:7.1f} s, peak RSS "
+                                       args.rows_per_part, Path(tmp, f"scratch-{label}-{repeat}-{kind}"))
+                    print(f"  {label:8s} {repeat + 1} {kind:8s} {row[kind]['elapsed_s']:7.1f} s, peak RSS "
                           f"{row[kind]['peak_kb'] / 1024:7.0f} MiB, peak local disk "
                           f"{row[kind]['peak_disk'] / 2**20:7.0f} MiB", flush=True)
                     if kind == "fill":
                         row["index_objects"] = _index_objects(work)
                 row["output_bytes"], row["part_bytes"], row["parts"] = output_sizes(output)
-                results[label] = row
+                results[label].append(row)
+
+            # Taking turns, the other first each repeat: both see the same drift in the machine's load.
+            for _ in in_turns(args.repeat, [functools.partial(one_run, label, legacy) for label, legacy in labels]):
+                pass
             _print_table(results, units, args.response_bytes or 23)
 
 
-def _print_table(results: dict[str, dict[str, Any]], units: int, response_bytes: int) -> None:
+def _print_table(results: dict[str, list[dict[str, Any]]], units: int, response_bytes: int) -> None:
+    """Every figure as its median (min-max) over the repeats, a column per side; then today / earlier per repeat."""
     def per_unit(phase: dict[str, Any]) -> float:
-        return (phase["peak_kb"] - phase["start_kb"]) * 1024 / units
+        return float((phase["peak_kb"] - phase["start_kb"]) * 1024 / units)
 
-    print(f"\n{'':38s}" + "".join(f"{label:>12s}" for label in results))
     def state(phase: dict[str, Any]) -> float:
-        return (phase["state_kb"] - phase["start_kb"]) * 1024 / units
+        return float((phase["state_kb"] - phase["start_kb"]) * 1024 / units)
 
-    lines = [
-        ("coordinator state, first run: B/unit", lambda r: f"{state(r['fill']):.0f}"),
-        ("coordinator state, restart: B/unit", lambda r: f"{state(r['restart']):.0f}"),
-        ("coordinator, first run: B/unit", lambda r: f"{per_unit(r['fill']):.0f}"),
-        ("coordinator, restart:   B/unit", lambda r: f"{per_unit(r['restart']):.0f}"),
-        ("merge:                  B/unit", lambda r: f"{per_unit(r['merge']):.0f}"),
-        ("merge rows/s", lambda r: f"{units / r['merge']['elapsed_s']:,.0f}"),
-        ("merge MB/s of responses", lambda r: f"{units * response_bytes / r['merge']['elapsed_s'] / 1e6:,.1f}"),
-        ("merge peak RSS, MiB", lambda r: f"{r['merge']['peak_kb'] / 1024:,.0f}"),
-        ("merge peak local disk, MiB", lambda r: f"{r['merge']['peak_disk'] / 2**20:,.0f}"),
-        ("output, MiB (parts)", lambda r: f"{r['output_bytes'] / 2**20:,.0f} ({r['parts']})"),
-        ("largest part, MiB", lambda r: f"{r['part_bytes'] / 2**20:,.0f}"),
-        ("peak disk / largest part", lambda r: f"{r['merge']['peak_disk'] / max(r['part_bytes'], 1):.2f}"),
-        ("restart to first request, s", lambda r: f"{r['restart']['to_first_request_s']:.2f}"),
-        ("index objects after the fill", lambda r: f"{r['index_objects']:,}"),
+    def rows_per_s(r: dict[str, Any]) -> float:
+        return float(units / r["merge"]["elapsed_s"])
+
+    def cell(values: list[float], form: str) -> str:
+        return f"{statistics.median(values):{form}} ({min(values):{form}}-{max(values):{form}})"
+
+    figures: list[tuple[str, str, Any]] = [
+        ("coordinator state, first run: B/unit", ".0f", lambda r: state(r["fill"])),
+        ("coordinator state, restart: B/unit", ".0f", lambda r: state(r["restart"])),
+        ("coordinator, first run: B/unit", ".0f", lambda r: per_unit(r["fill"])),
+        ("coordinator, restart:   B/unit", ".0f", lambda r: per_unit(r["restart"])),
+        ("merge:                  B/unit", ".0f", lambda r: per_unit(r["merge"])),
+        ("merge rows/s", ",.0f", rows_per_s),
+        ("merge MB/s of responses", ",.1f", lambda r: rows_per_s(r) * response_bytes / 1e6),
+        ("merge peak RSS, MiB", ",.0f", lambda r: r["merge"]["peak_kb"] / 1024),
+        ("merge peak local disk, MiB", ",.0f", lambda r: r["merge"]["peak_disk"] / 2**20),
+        ("output, MiB", ",.0f", lambda r: r["output_bytes"] / 2**20),
+        ("output parts", ",.0f", lambda r: r["parts"]),
+        ("largest part, MiB", ",.0f", lambda r: r["part_bytes"] / 2**20),
+        ("peak disk / largest part", ".2f", lambda r: r["merge"]["peak_disk"] / max(r["part_bytes"], 1)),
+        ("restart to first request, s", ".2f", lambda r: r["restart"]["to_first_request_s"]),
+        ("index objects after the fill", ",.0f", lambda r: r["index_objects"]),
     ]
-    for name, value in lines:
-        print(f"{name:38s}" + "".join(f"{value(r):>12s}" for r in results.values()))
+    repeats = len(next(iter(results.values())))
+    print(f"\nmedian (min-max) of {repeats} {'repeats' if repeats > 1 else 'run'}")
+    print(f"{'':38s}" + "".join(f"{label:>30s}" for label in results))
+    for name, form, value in figures:
+        print(f"{name:38s}" + "".join(f"{cell([value(r) for r in runs], form):>30s}" for runs in results.values()))
+    if "earlier" in results:  # each repeat's pair ran back to back
+        pairs = list(zip(results["today"], results["earlier"]))
+        print()
+        for name, _, value in figures[:6] + figures[13:14]:
+            print(spread(f"today / earlier, {' '.join(name.split())}", [value(t) / value(e) for t, e in pairs], "x"))
     scale = PAPER_UNITS / units
     if response_bytes > 1000:  # memory is then the rows in flight (bounded by ASSEMBLY_MEMORY), not per unit
-        for label, r in results.items():
-            print(f"\n{label}: {PAPER_UNITS / 1e6:.0f}M such rows merge in ~"
-                  f"{PAPER_UNITS / (units / r['merge']['elapsed_s']) / 3600:.1f} h at this rate (time only: the merge "
-                  "holds a bounded share of the rows, so its memory does not grow with the units)")
+        for label, runs in results.items():
+            hours = statistics.median(PAPER_UNITS / rows_per_s(r) / 3600 for r in runs)
+            print(f"\n{label}: {PAPER_UNITS / 1e6:.0f}M such rows merge in ~{hours:.1f} h at the median rate (time only: "
+                  "the merge holds a bounded share of the rows, so its memory does not grow with the units)")
         return
-    print(f"\nExtrapolated to {PAPER_UNITS / 1e6:.0f}M units (linear in units):")
-    for label, r in results.items():
-        coordinator = max(state(r["fill"]), state(r["restart"])) * PAPER_UNITS / 2**30
-        peak = max(per_unit(r["fill"]), per_unit(r["restart"])) * PAPER_UNITS / 2**30
-        merge = per_unit(r["merge"]) * PAPER_UNITS / 2**30
-        objects = "<= 127 per writer" if label == "today" else f"~{r['index_objects'] * scale:,.0f}"
+    print(f"\nExtrapolated to {PAPER_UNITS / 1e6:.0f}M units (linear in units; medians of the repeats):")
+    for label, runs in results.items():
+        coordinator = statistics.median(max(state(r["fill"]), state(r["restart"])) for r in runs) * PAPER_UNITS / 2**30
+        peak = statistics.median(max(per_unit(r["fill"]), per_unit(r["restart"])) for r in runs) * PAPER_UNITS / 2**30
+        merge = statistics.median(per_unit(r["merge"]) for r in runs) * PAPER_UNITS / 2**30
+        minutes = statistics.median(PAPER_UNITS / rows_per_s(r) / 60 for r in runs)
+        restart = statistics.median(r["restart"]["to_first_request_s"] for r in runs) * scale
+        objects = "<= 127 per writer" if label == "today" else \
+            f"~{statistics.median(r['index_objects'] for r in runs) * scale:,.0f}"
         print(f"  {label:8s} coordinator state {coordinator:5.1f} GiB, peak {peak:5.1f} GiB, merge {merge:5.1f} GiB, "
-              f"merge {PAPER_UNITS / (units / r['merge']['elapsed_s']) / 60:5.1f} min, restart "
-              f"~{r['restart']['to_first_request_s'] * scale:5.0f} s, index objects {objects}")
+              f"merge {minutes:5.1f} min, restart ~{restart:5.0f} s, index objects {objects}")
+
 
 if __name__ == "__main__":
     main()

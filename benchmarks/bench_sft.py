@@ -15,11 +15,15 @@ from __future__ import annotations
 
 import argparse
 import random
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks.repeat when run as a script
+from benchmarks.repeat import preamble  # noqa: E402
 
 
 def long_cot_lengths(count: int, max_length: int, seed: int = 0) -> list[int]:
@@ -73,6 +77,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--skip-training", action="store_true")
     args = parser.parse_args()
+    print(preamble("trl", "datasets", "torch", "transformers"), flush=True)
 
     lengths = long_cot_lengths(args.samples, args.max_length)
     print(f"lengths: {len(lengths)} samples, median {int(np.median(lengths))}, p99 {int(np.percentile(lengths, 99))}, "

