@@ -194,13 +194,23 @@ def run_merge(checked: Any, area: WorkArea, config: SampleConfig, kind: str, n_p
             done_before=total - len(failed), progress=progress, failed=failed, assembled=assembled,
             elapsed=time.monotonic() - started, scan_duplicates=chosen.duplicates, published=True)
         report["slices"] = {r["slice"]: r["units"] for r in ours}
-        publication.publish(report, {"settings_hash": digest, "settings": settings, "rows": assembled.rows,
-                                     "failed": len(failed), "units_digest": units_digest})
+        publish_samples(publication, report, settings, digest, assembled.rows, len(failed), units_digest)
+    finish(area, config, f"merged and published {out}: {assembled.rows} rows, {len(failed)} failed units", started)
+    return report
+
+
+def publish_samples(publication: Any, report: dict[str, Any], settings: dict[str, Any], digest: str, rows: int,
+                    failed: int, units_digest: str) -> None:
+    """Publish the written samples with what a later run checks against them (settings, units, counts)."""
+    publication.publish(report, {"settings_hash": digest, "settings": settings, "rows": rows, "failed": failed,
+                                 "units_digest": units_digest})
+
+
+def finish(area: WorkArea, config: SampleConfig, what: str, started: float) -> None:
+    """After publishing: the work area goes unless kept (keep_work); the log says what was published."""
     if not config.keep_work:
         area.delete_all()
-    log.info("merged and published %s: %d rows, %d failed units (%.1f s)", out, assembled.rows, len(failed),
-             time.monotonic() - started)
-    return report
+    log.info("%s (%.1f s)", what, time.monotonic() - started)
 
 
 def failure_message(failed: list[dict[str, Any]], total: int, config: SampleConfig, completed: int,

@@ -4,11 +4,8 @@ refilled from the published output first."""
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from typing import Any
-
-import pyarrow as pa
 
 from klear.common import storage
 from klear.sample.backends.base import Backend
@@ -88,13 +85,6 @@ def import_published(output: storage.Uri, area: WorkArea) -> int:
         area.write_table(f"{PUBLISHED_PREFIX}-{i:05d}", table)
         rows += table.num_rows
     return rows
-
-
-def default_work(output: storage.Uri) -> storage.Uri:
-    path = output.path.rstrip("/")
-    if not path or path == "/":
-        raise ValueError(f"--output {output} must be a folder, not a bucket or filesystem root")
-    return dataclasses.replace(output, path=f"{path}.work")
 
 
 def open_work_area(out: storage.Uri, area: WorkArea, settings: dict[str, Any], digest: str,

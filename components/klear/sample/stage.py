@@ -47,7 +47,7 @@ import pyarrow as pa
 from klear.common import storage
 from klear.common.data_stage import DataStage
 from klear.common.records import ParquetShardWriter
-from klear.common.slices import add_slice_arguments
+from klear.common.slices import add_slice_arguments, work_beside
 from klear.sample.config import SampleConfig
 from klear.sample.coordinator import (
     Assembled,
@@ -60,11 +60,11 @@ from klear.sample.coordinator import (
     start_engine,
     write_in_order,
 )
-from klear.sample.merge import SampleFailedError, build_report, failure_message, run_merge, run_slice
+from klear.sample.merge import SampleFailedError, build_report, failure_message, finish, publish_samples, run_merge, run_slice
 from klear.sample.progress import Progress, ProgressLogger
 from klear.sample.prompts import load_prompts
 from klear.sample.report import render_markdown
-from klear.sample.settings import default_work, open_work_area
+from klear.sample.settings import open_work_area
 from klear.sample.store import FAILED_SCHEMA, WorkArea, failed_row
 from klear.sample.units import Plan, parse_slice, pending_positions, units_digest
 
@@ -107,7 +107,7 @@ def run(prompts: Sequence[str], output: str, config: SampleConfig, model: str | 
     part = parse_slice(slice_spec) if slice_spec is not None else None
     kind = choose_backend(config.backend, model, endpoint)
     # In seconds, before any work: a bad output or work location, one that is (inside) an input or the other.
-    work_uri = str(work or default_work(storage.Uri.parse(output)))
+    work_uri = str(work or work_beside(storage.Uri.parse(output)))
     checked = STAGE.check(output, {"prompts": prompts, "model": model}, work=work_uri, role="--output", config=config)
     out = checked.uri
     assert checked.work is not None
@@ -177,12 +177,8 @@ def run(prompts: Sequence[str], output: str, config: SampleConfig, model: str | 
             for name in ("report.json", "report.md", "failed/part-00000.parquet"):
                 storage.upload_file(staging / name, area.uri.join(name))
             raise SampleFailedError(failure_message(failed_rows, total, config, progress.ok + done_before, area))
-        publication.publish(report, {"settings_hash": digest, "settings": settings, "rows": assembled.rows,
-                                     "failed": len(failed), "units_digest": digest_of_units})
-    if not config.keep_work:
-        area.delete_all()
-    log.info("published %s: %d rows, %d failed units (%.1f s)", out, assembled.rows, len(failed),
-             time.monotonic() - started)
+        publish_samples(publication, report, settings, digest, assembled.rows, len(failed), digest_of_units)
+    finish(area, config, f"published {out}: {assembled.rows} rows, {len(failed)} failed units", started)
     return report
 
 
