@@ -8,6 +8,7 @@ command (tests/my_stage/), and inserts the lines every other place needs, each w
 
     components/klear/cli.py         COMMANDS and STAGES (the registry every test derives its lists from)
     tests/layout/test_imports.py    ALLOWED: what the package may import ({"common"})
+    tests/common/test_markdown.py   HOSTILE_INPUTS: its report shows a hostile input file name as text
     components/klear/common/lineage.py   KEY_SETTINGS: the config keys `klear lineage` shows first
     pipelines/definitions.py        its `klear-my-stage` pipeline (a `cached_stage` task) and its PIPELINES entry
     README.md, docs/deploy.md, docker/cpu.Dockerfile   its row, its rerun pipeline, its image's header
@@ -283,6 +284,12 @@ def register_layer(imports: str, names: Names) -> str:
                            "tests/layout/test_imports.py ALLOWED")
 
 
+def register_hostile_input(markdown_test: str, names: Names) -> str:
+    return insert_in_block(markdown_test, "HOSTILE_INPUTS: dict[str, Callable[[Path], list[str]]] = {",
+                           f'    "{names.command}": _named_input("{names.command}"),',
+                           "tests/common/test_markdown.py HOSTILE_INPUTS")
+
+
 def register_key_settings(lineage: str, names: Names) -> str:
     return insert_in_block(lineage, "KEY_SETTINGS: dict[str, tuple[str, ...]] = {",
                            f'    "{names.command}": ("max_records",),', "klear/common/lineage.py KEY_SETTINGS")
@@ -354,6 +361,7 @@ def add_stage(root: Path, command: str, kind: str = "data", summary: str = "") -
         "components/klear/cli.py": lambda text: register_command(text, names, image),
         "tests/layout/test_imports.py": lambda text: register_layer(text, names),
         "components/klear/common/lineage.py": lambda text: register_key_settings(text, names),
+        "tests/common/test_markdown.py": lambda text: register_hostile_input(text, names),
         "pipelines/definitions.py": lambda text: register_pipeline(text, names, summary),
         "README.md": lambda text: register_readme(text, names, summary, stages),
         "docs/deploy.md": lambda text: register_deploy(text, names),

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from klear.common.markdown import escape, escaped, fence, markdown_report
-from tests.commands import jsonl, klear
+from tests.commands import data_stages, jsonl, klear
 
 HOSTILE = "<img src=x onerror=alert(1)>|x"
 # A stage name forged in an upstream manifest that closes a code fence and opens HTML (issue #31).
@@ -138,10 +139,31 @@ def _curate(tmp_path: Path) -> list[str]:
     return ["curate", "--input", source]
 
 
-@pytest.mark.parametrize("command", [_judge, _sample, _sft_data, _rl_filter, _evaluate, _curate],
-                         ids=lambda command: command.__name__.strip("_"))
-def test_every_data_stage_report_shows_hostile_text_as_text(tmp_path: Path, command: Any) -> None:
+def _named_input(command: str) -> Callable[[Path], list[str]]:
+    """A stage whose report names its `--input` files (as `make new-stage` generates one): the file is named HOSTILE."""
+    def arguments(tmp_path: Path) -> list[str]:
+        return [command, "--input", jsonl(tmp_path / f"{HOSTILE}.jsonl", [{"prompt": "Compute 2 plus 2."}])]
+
+    return arguments
+
+
+# The arguments that put the hostile value into each data stage's report, by stage (make new-stage adds a line).
+HOSTILE_INPUTS: dict[str, Callable[[Path], list[str]]] = {
+    "curate": _curate,
+    "sample": _sample,
+    "judge": _judge,
+    "sft-data": _sft_data,
+    "rl-filter": _rl_filter,
+    "evaluate": _evaluate,
+}
+
+
+@pytest.mark.parametrize("stage", data_stages())
+def test_every_data_stage_report_shows_hostile_text_as_text(tmp_path: Path, stage: str) -> None:
     """The real command on inputs holding the hostile value: it reaches report.md, escaped, and breaks no table."""
+    command = HOSTILE_INPUTS.get(stage)
+    assert command is not None, (f"data stage {stage}: add the arguments that put HOSTILE into its report to "
+                                 "HOSTILE_INPUTS in tests/common/test_markdown.py")
     done = klear(*command(tmp_path), "--output", str(tmp_path / "out"), "--config", "tiny")
     assert done.returncode == 0, done.stderr[-3000:]
     markdown = (tmp_path / "out" / "report.md").read_text()

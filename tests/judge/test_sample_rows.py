@@ -17,9 +17,11 @@ from klear.cli import main
 from klear.common import storage
 from klear.common.sample_rows import SAMPLE_SCHEMA, iter_sample_tables
 from klear.sample.store import SCHEMA as WRITTEN_SCHEMA
+from tests.commands import sample_row_readers
 from tests.judge.samples import boxed, math_record, publish_samples, sample_row
 
-COMMANDS = ("judge", "sft-data", "rl-filter", "evaluate")
+# Every stage that reads sample rows (from the registry and the stages' imports: a new reader is in the list).
+COMMANDS = sample_row_readers()
 # Evaluate's toy benchmark: k=4 samples of each of its problems.
 TOY = ["benchmarks.toy.kind=math", "benchmarks.toy.k=4", "benchmarks.toy.title=Toy", "only=[toy]",
        "settings_check=warn"]  # plain rows: no recorded settings, not the protocol's prompts
