@@ -29,6 +29,12 @@ versions, with the ratios today / earlier per repeat. `--small`: 10,000 prompts 
 (default: a ~25-byte line): a teacher row is ~30 KB, so `--response-bytes 30000` measures a merge of realistic rows
 (rows/s and MB/s of response text) instead of the bookkeeping alone.
 
+Measured 2026-12-06, `python benchmarks/bench_sample_scale.py --legacy-ref '' --repeat 3` (machine: AMD EPYC, 2 cores
+usable, avx2=yes avx512f=yes avx512_bf16=yes avx512_vnni=yes amx_bf16=no amx_tile=no; load 7-9, shared): peak
+65 (63-65) B/unit first run, 92 (90-109) restart, 112 (107-113) merge; coordinator state after the scan 34 (34-34)
+/ 45 (44-45) B/unit (the scan's freed memory handed back: coordinator.release_freed_memory). At 24M units: peak
+2.0 GiB, merge 2.5 GiB.
+
 Measured 2026-12-05 on 2 shared cores, `python benchmarks/bench_sample_scale.py`, one run of each side (8 min in all; today's three
 phases 82 + 70 + 54 s), today vs earlier: coordinator state after the scan 50 / 75 B/unit (first run / restart)
 vs 321 / 267; peak 85 / 110 B/unit vs 327 / 444; merge 115 B/unit vs 703, 44,225 rows/s vs 22,671; restart to

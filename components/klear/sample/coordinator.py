@@ -5,6 +5,7 @@ the run's units (choose) and written as the output's samples/, in prompt order (
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import dataclasses
 import importlib.util
 import logging
@@ -146,15 +147,41 @@ def choose(plan: Plan, scan: Scan) -> Chosen:
     """Match what the work area holds against the run's units: each wanted unit once, the first shard by name."""
     keys = scan.keys
     # In batches: the lookup's temporaries (decoded ids and hashes) stay a fixed size, not a few per unit.
-    located = [plan.locate(_decoded(batch.column("id")), batch.column("sample"), _decoded(batch.column("prompt_hash")))
-               for batch in keys.to_batches(LOCATE_ROWS)]
-    positions = np.concatenate(located) if located else np.zeros(0, np.int64)
-    del located
+    positions = np.empty(keys.num_rows, np.int64)  # filled in place: no list of pieces beside their concatenation
+    start = 0
+    for batch in keys.to_batches(LOCATE_ROWS):
+        positions[start:start + batch.num_rows] = plan.locate(_decoded(batch.column("id")), batch.column("sample"),
+                                                              _decoded(batch.column("prompt_hash")))
+        start += batch.num_rows
     shard, row = np.asarray(keys.column("shard"), np.int32), np.asarray(keys.column("row"), np.int32)
     kept = first_copies(positions, shard)
     pa.default_memory_pool().release_unused()  # the keys' temporaries: back to the system, not held as RSS
-    return Chosen(plan, scan.shards, positions[kept], shard[kept], row[kept], dropped=keys.num_rows - len(kept),
-                  duplicates=int(np.count_nonzero(positions >= 0)) - len(kept))
+    dropped, duplicates = keys.num_rows - len(kept), int(np.count_nonzero(positions >= 0)) - len(kept)
+    # Every key kept, in the order read (one writer after another): the arrays as they are, no copies.
+    if len(kept) < len(positions) or np.any(kept[1:] <= kept[:-1]):
+        positions, shard, row = positions[kept], shard[kept], row[kept]
+    del kept
+    return Chosen(plan, scan.shards, positions, shard, row, dropped=dropped, duplicates=duplicates)
+
+
+def release_freed_memory() -> None:
+    """Give the memory the scan and choose freed back to the system before sampling or writing: glibc keeps freed
+    heap chunks resident (once a large array has been freed, its adaptive mmap threshold puts arrays of up to 32 MiB
+    on the heap), so what comes next would pile on top of them instead of reusing them (malloc_trim; elsewhere
+    than glibc, Arrow's pool only)."""
+    pa.default_memory_pool().release_unused()
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
+
+
+def _malloc_trim() -> Callable[[int], int] | None:
+    try:
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
+_MALLOC_TRIM = _malloc_trim()
 
 
 LOCATE_ROWS = 1 << 16  # unit keys looked up at once (their temporaries: ~100 bytes each)
@@ -230,17 +257,21 @@ def write_in_order(area: WorkArea, chosen: Chosen, staging: Path, rows_per_part:
     result = Assembled(dropped=chosen.dropped, chosen=chosen)
     positions = chosen.positions
     buckets = int(positions[-1]) // bucket_rows + 1 if len(positions) else 0
-    expected, seen = np.bincount(positions // bucket_rows, minlength=buckets), np.zeros(buckets, np.int64)
-    by_shard = np.argsort(chosen.shard, kind="stable")  # within one shard, still in position order
-    numbers, starts = np.unique(chosen.shard[by_shard], return_index=True)
-    ends = np.append(starts[1:], len(by_shard))
+    # Positions ascend: each bucket's count from its bounds, without a temporary per unit.
+    expected = np.diff(np.searchsorted(positions, np.arange(buckets + 1, dtype=np.int64) * bucket_rows))
+    seen = np.zeros(buckets, np.int64)
+    by_shard, numbers, starts = _by_shard(chosen.shard)
+    ends = np.append(starts[1:], len(chosen.shard))
+
+    def rows_of(k: int) -> slice | np.ndarray:  # the indexes (in `chosen`) of shard k's kept rows
+        return slice(int(starts[k]), int(ends[k])) if by_shard is None else by_shard[starts[k]:ends[k]]
     held: dict[int, list[pa.Table]] = {}
     held_bytes: dict[int, int] = {}
     spilled: dict[int, list[Path]] = {}
     spill_schema = SCHEMA.append(pa.field(_POSITION, pa.int64()))
 
     def load(k: int) -> pa.Table:
-        rows = by_shard[starts[k]:ends[k]]
+        rows = rows_of(k)
         table = area.read_shard(chosen.shards[int(numbers[k])]).take(pa.array(chosen.row[rows]))
         return table.select(SCHEMA.names).cast(SCHEMA).append_column(_POSITION, pa.array(positions[rows]))
 
@@ -273,7 +304,7 @@ def write_in_order(area: WorkArea, chosen: Chosen, staging: Path, rows_per_part:
         held_bytes.pop(k)
 
     next_bucket = 0
-    read_order = np.argsort(positions[by_shard[starts]], kind="stable").tolist()
+    read_order = np.argsort(positions[starts if by_shard is None else by_shard[starts]], kind="stable").tolist()
     with tempfile.TemporaryDirectory(prefix="assemble-", dir=staging) as folder, ThreadPoolExecutor(threads) as pool:
         for table in _prefetched(pool, load, read_order, 2 * threads):
             cut = np.asarray(table.column(_POSITION)) // bucket_rows
@@ -298,6 +329,21 @@ def write_in_order(area: WorkArea, chosen: Chosen, staging: Path, rows_per_part:
     ship_closed(every=True)
     result.rows = writer.rows
     return result
+
+
+def _by_shard(shard: np.ndarray) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
+    """The kept copies grouped by shard: (the order that groups them, None when they already are; each group's
+    shard number; where each group starts in that order). Within a group, still in position order."""
+    if len(shard) == 0:
+        return None, np.zeros(0, np.int32), np.zeros(0, np.int64)
+    steps = np.diff(shard)
+    if not np.any(steps < 0):  # one writer after another (a run, then its restarts): no sort, no index per unit
+        starts = np.concatenate([np.zeros(1, np.int64), np.flatnonzero(steps) + 1])
+        return None, shard[starts], starts
+    del steps
+    order = np.argsort(shard, kind="stable")
+    numbers, starts = np.unique(shard[order], return_index=True)
+    return order, numbers, starts
 
 
 def _prefetched(pool: ThreadPoolExecutor, load: Callable[[int], pa.Table], items: Iterable[int],
@@ -335,14 +381,19 @@ def sigterm_as_exit() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+PENDING_CHUNK = 1 << 18  # pending positions turned into (prompt, sample) at once
+
+
 class PendingRequests(Sequence[Request]):
     """The requests of the pending units, in output order, each made when the backend takes it: two int32 per
     unit until then, not a Python object (a slice of a paper-scale run has millions pending)."""
 
     def __init__(self, items: Sequence[Prompt], plan: Plan, pending: np.ndarray, seed: int) -> None:
-        prompt, sample = plan.units(pending)
         self._items, self._seed = items, seed
-        self._prompt, self._sample = prompt.astype(np.int32), sample.astype(np.int32)
+        self._prompt, self._sample = np.empty(len(pending), np.int32), np.empty(len(pending), np.int32)
+        for start in range(0, len(pending), PENDING_CHUNK):  # the int64 temporaries stay a fixed size
+            prompt, sample = plan.units(pending[start:start + PENDING_CHUNK])
+            self._prompt[start:start + len(prompt)], self._sample[start:start + len(sample)] = prompt, sample
         self._last: tuple[int, Prompt] | None = None  # a prompt's samples are taken one after another
 
     def __len__(self) -> int:

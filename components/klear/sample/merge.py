@@ -23,7 +23,16 @@ from klear.common.records import ParquetShardWriter
 from klear.common.slices import MergeIncompleteError, claim_slice
 from klear.sample.backends.base import Backend, Completion, Request
 from klear.sample.config import SampleConfig
-from klear.sample.coordinator import Assembled, choose, make_requests, sample_units, sigterm_as_exit, start_engine, write_in_order
+from klear.sample.coordinator import (
+    Assembled,
+    choose,
+    make_requests,
+    release_freed_memory,
+    sample_units,
+    sigterm_as_exit,
+    start_engine,
+    write_in_order,
+)
 from klear.sample.progress import Progress, ProgressLogger
 from klear.sample.settings import check_settings, open_work_area, published_state, settings_difference
 from klear.sample.store import FAILED_SCHEMA, ResumeMismatchError, WorkArea, failed_row
@@ -44,8 +53,12 @@ def run_slice(part: tuple[int, int], prompts: Sequence[str], out: storage.Uri, a
     """Sample the missing units of slice I of N into the shared work area and record its failed units there;
     publish nothing and delete nothing (the merge does both). One pod per slice: its lease is the slice's."""
     index, count = part
-    mine = [i for i, (prompt_id, _) in enumerate(items.ids_and_hashes()) if slice_of(prompt_id, count) == index]
-    own, own_counts = items.take(mine), [counts[i] for i in mine]
+    mine = np.fromiter((i for i, (prompt_id, _) in enumerate(items.ids_and_hashes()) if slice_of(prompt_id, count) == index),
+                       np.int64)
+    # A slice of every prompt (1/1) is the prompts themselves: a copy of their columns would double what they weigh.
+    own = items if len(mine) == len(items) else items.take(mine)
+    own_counts = counts if own is items else np.asarray(counts, np.int64)[mine].tolist()
+    del mine
     total = sum(own_counts)
     where = area.slice_uri(index, count)
     with contextlib.ExitStack() as stack:
@@ -57,6 +70,7 @@ def run_slice(part: tuple[int, int], prompts: Sequence[str], out: storage.Uri, a
         open_work_area(out, area, settings, digest, published)
         plan = Plan.of(own, own_counts)
         pending = pending_positions(plan, choose(plan, area.scan()).positions)
+        release_freed_memory()  # the scan's keys: sampling reuses nothing of them
         done_before = total - len(pending)
         log.info("slice %d/%d: %d of %d prompts, %d units; %d done in %s, %d to sample with %s", index, count,
                  len(own), len(items), total, done_before, area, len(pending), kind)
@@ -168,6 +182,7 @@ def run_merge(checked: Any, area: WorkArea, config: SampleConfig, kind: str, n_p
         log.info("%s: %d shards, their keys from %d objects", area, len(scan.shards), scan.objects)
         chosen = choose(plan, scan)
         del scan
+        release_freed_memory()  # the scan's keys, before the rows are read
         failed_at, failed = merge_failed(plan, chosen.positions, area.read_slice_failed())
         missing = pending_positions(plan, np.concatenate([chosen.positions, failed_at]))
         if len(missing):

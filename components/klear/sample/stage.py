@@ -55,6 +55,7 @@ from klear.sample.coordinator import (
     choose_backend,
     make_requests,
     positions_of,
+    release_freed_memory,
     sample_units,
     sigterm_as_exit,
     start_engine,
@@ -117,11 +118,11 @@ def run(prompts: Sequence[str], output: str, config: SampleConfig, model: str | 
     if config.max_prompts:
         items = items[: config.max_prompts]
     counts = [min(config.n, len(p.shipped)) for p in items] if kind == "records" else [config.n] * len(items)
-    plan = Plan.of(items, counts)
     digest_of_units = units_digest(items, counts)
-    if part is not None:
+    if part is not None:  # a slice plans its own prompts' units
         return run_slice(part, prompts, out, area, config, kind, items, counts, digest_of_units, model, endpoint,
                          served_model, started)
+    plan = Plan.of(items, counts)
     if merge:
         n_prompts = len(items)
         del items  # the merge needs the plan's arrays only: the prompts' columns go before the keys are read
@@ -139,6 +140,7 @@ def run(prompts: Sequence[str], output: str, config: SampleConfig, model: str | 
 
         chosen = choose(plan, area.scan())
         pending = pending_positions(plan, chosen.positions)
+        release_freed_memory()  # the scan's keys: sampling reuses nothing of them
         done_before = total - len(pending)
         log.info("%d prompts, %d units; %d done in %s (%d shards), %d to sample with %s", len(items), total,
                  done_before, area, len(chosen.shards), len(pending), kind)

@@ -348,7 +348,7 @@ def first_copies(positions: np.ndarray, shards: np.ndarray) -> np.ndarray:
     """Indexes of the copy kept of each wanted unit, in position order: of several copies (writers racing), the
     one in the shard that sorts first; positions of -1 (not wanted) are skipped."""
     valid = np.flatnonzero(positions >= 0)
-    ranked = positions[valid]
+    ranked = positions if len(valid) == len(positions) else positions[valid]  # every key wanted: no copy
     if not np.any(ranked[1:] <= ranked[:-1]):  # one copy each, in order (one writer): no sort, no temporaries
         return valid
     del ranked
