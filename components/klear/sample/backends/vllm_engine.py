@@ -54,6 +54,9 @@ class VLLMBackend:
             "model": str(self.path), "tensor_parallel_size": tensor, "data_parallel_size": engines,
             "enable_prefix_caching": True, "gpu_memory_utilization": config.gpu_memory_utilization,
             "seed": config.seed, "enforce_eager": config.enforce_eager, **cpu_cache,
+            # vLLM's per-step statistics (Prometheus metrics, its stats log line) cost front-end time every step;
+            # the stage logs its own progress. LLM (offline) leaves them off too.
+            "disable_log_stats": True,
             **({"max_model_len": config.max_model_len} if config.max_model_len else {}), **config.engine_kwargs,
         }
         self.engines = int(self.engine_args["data_parallel_size"])
@@ -67,6 +70,9 @@ class VLLMBackend:
         try:
             self.engine = self._call(_start(AsyncEngineArgs(**self.engine_args)))
             self.tokenizer = self.engine.get_tokenizer()
+            scheduler = self.engine.vllm_config.scheduler_config  # what vLLM made of its defaults and engine_args
+            self.batch_limits = {"max_num_seqs": int(scheduler.max_num_seqs),
+                                 "max_num_batched_tokens": int(scheduler.max_num_batched_tokens)}
         except (RuntimeError, ValueError, TypeError) as exc:
             self._stop_loop()
             raise BackendError(f"--model {model}: vLLM ({self.device}) cannot start on it: {exc}") from exc
@@ -82,6 +88,7 @@ class VLLMBackend:
     def describe(self) -> dict[str, Any]:
         args = {k: v for k, v in self.engine_args.items() if k != "model"}
         return {"backend": self.name, "model": self.uri, "device": self.device, "engine_args": args,
+                "batch_limits": dict(self.batch_limits),
                 "units_per_engine": list(self.units_per_engine),
                 "versions": {"vllm": vllm_version(), **{p: metadata.version(p) for p in ("torch", "transformers")}}}
 
@@ -200,10 +207,14 @@ class VLLMBackend:
 
 
 async def _start(args: Any) -> Any:
-    """AsyncLLM made on the loop that will run it (it starts its output handler there)."""
+    """AsyncLLM made on the loop that will run it (it starts its output handler there), with the batch limits
+    vLLM gives offline use (LLM's): on a CPU 256 sequences and 4096 tokens a step, on an H100 1024 and 16384,
+    where the engine's defaults are 128 and 2048; max_num_seqs / max_num_batched_tokens in engine_kwargs
+    override them."""
+    from vllm.usage.usage_lib import UsageContext
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    return AsyncLLM.from_engine_args(args)
+    return AsyncLLM.from_engine_args(args, usage_context=UsageContext.LLM_CLASS)
 
 
 async def _shutdown(engine: Any) -> None:
