@@ -3,7 +3,7 @@
     .venv-vllm/bin/python benchmarks/bench_vllm_cpu.py [--prompts 64] [--n 4] [--tokens 64] [--repeat 3]
 
 1. offline: output tokens/s of `klear sample --set backend=vllm` (its sampling phase) against `LLM.chat` on the
-   same prompts, chat template, n, seeds and lengths (target >= 0.9x: the stage adds nothing measurable);
+   same prompts, chat template, n, seeds and lengths (target >= 0.95x: the stage adds nothing measurable);
 2. endpoint: `klear sample --endpoint` against the teacher's vLLM server, and the same requests sent straight to
    that server by a bare aiohttp loop at the same concurrency;
 3. GPPO: seconds per step of the tiny-math preset with colocated vLLM rollouts (weight sync checked) against
