@@ -55,13 +55,18 @@ demo: pipeline
 stage: pipeline
 	$(BIN)/python -m pipelines.run_local klear-$(STAGE) --workdir runs/stage-$(STAGE) $(foreach a,$(ARGS),--arg $(a))
 
+# The suite's files on TEST_WORKERS processes (pytest-xdist), a file at a time each, longest first (tests/conftest.py):
+# most tests wait on servers and subprocesses, so 2 workers use 2 cores better than one. TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 2
+PYTEST_WORKERS = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
+
 # The type check, then every test. pytest exits 5 when it collects nothing; that is not a failure of the suite.
 # Then the GPU code paths on vLLM's CPU build, from .venv-vllm (the main environment has no vLLM and skips them).
 # vLLM's environment (about 5 minutes of downloading and unpacking) is made while the main suite runs, which does
 # not use it; its log is shown if it fails.
 test: lint typecheck install-mlflow
 	$(MAKE) --no-print-directory install-vllm > $(VENV)/install-vllm.log 2>&1 & vllm=$$!; \
-	$(BIN)/python -m pytest; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; rc=0; fi; \
+	$(BIN)/python -m pytest $(PYTEST_WORKERS); rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; rc=0; fi; \
 	if wait $$vllm; then $(TEST_VLLM) || rc=1; else cat $(VENV)/install-vllm.log; echo "make install-vllm failed"; rc=1; fi; \
 	exit $$rc
 
@@ -75,7 +80,7 @@ test-vllm: install-vllm
 
 # The inner loop: everything but the end-to-end runs (marked slow).
 test-fast: install
-	$(BIN)/python -m pytest -m "not slow"; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; rc=0; fi; exit $$rc
+	$(BIN)/python -m pytest $(PYTEST_WORKERS) -m "not slow"; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; rc=0; fi; exit $$rc
 
 # ruff over the package, the pipelines, the benchmarks and the tests (rules and line length in pyproject.toml).
 lint: install

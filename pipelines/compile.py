@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -24,8 +25,15 @@ def compile_all(output_dir: Path = COMPILED) -> list[Path]:
     written = []
     for name, pipeline in PIPELINES.items():
         path = output_dir / f"{name}.yaml"
-        compiler.Compiler().compile(pipeline_func=pipeline, package_path=str(path))
-        validate(path)
+        # Compiled beside, checked, then renamed over the old file: a reader (an upload, a second compile) never
+        # sees a half-written or invalid pipeline.
+        partial = output_dir / f".{name}.{os.getpid()}.yaml"
+        try:
+            compiler.Compiler().compile(pipeline_func=pipeline, package_path=str(partial))
+            validate(partial)
+            os.replace(partial, path)
+        finally:
+            partial.unlink(missing_ok=True)
         written.append(path)
     return written
 

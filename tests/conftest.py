@@ -136,6 +136,23 @@ def demo_files(demo: Path) -> list[str]:
     return [str(demo / name) for name in DEMO_FILES]
 
 
+# --- the order files run in ----------------------------------------------------------------------------------
+LONGEST_FILE = "tests/pipelines/test_demo.py"  # the whole recipe end to end: about a third of the suite's time
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The demo's file first, then the files with end-to-end (slow) tests, then the rest, each file's tests in their
+    own order. `make test` runs the files on two workers (pytest-xdist, --dist loadfile --no-loadscope-reorder), each
+    taking the next file when it is free: long files started last would leave one worker idle at the end."""
+    slow_files = {item.nodeid.split("::")[0] for item in items if item.get_closest_marker("slow")}
+
+    def rank(item: pytest.Item) -> int:
+        file = item.nodeid.split("::")[0]
+        return 0 if file == LONGEST_FILE else 1 if file in slow_files else 2
+
+    items.sort(key=rank)  # stable: the order within a rank is the collection's
+
+
 # --- nothing left running ---------------------------------------------------------------------------------
 def _left_running() -> dict[int, str]:
     """Live processes, this one aside, whose environment carries this session's marker: pid -> command line."""

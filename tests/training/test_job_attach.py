@@ -67,6 +67,7 @@ def test_a_failed_job_is_replaced_and_an_older_launchers_job_deleted(jobs: Local
 
     assert start_or_attach(jobs, _job("klear-sft-1", 'echo "node $RANK resumed"'), 0.05, 30) == "replace"
     assert jobs.names(LABELS) == ["klear-sft-1"]  # the older launcher's job is gone
+    _wait_for(jobs, "klear-sft-1", "succeeded")  # ended before it is followed: its log is still printed
     printed = io.StringIO()
     follow_job(jobs, "klear-sft-1", "PyTorchJob", poll_seconds=0.05, out=printed)
     assert printed.getvalue().splitlines() == ["node 0 resumed"]  # the new job's master log, followed

@@ -134,8 +134,8 @@ def test_sandbox_is_fully_confined(pool: SandboxPool) -> None:
     info = pool._all[0].info
     assert info["landlock_abi"] >= 6 and info["seccomp"] and not info["problems"]
     if ROOT:
-        base = pool.config.slot_uid_base
-        assert base is not None and pool.uids == [base, base + 1]
+        base = pool.config.slot_uid_base  # the first free uids from the base up (another pool may hold some)
+        assert base is not None and len(set(pool.uids)) == 2 and min(pool.uids) >= base
 
 
 def test_clean_environment_and_private_workdir(pool: SandboxPool) -> None:

@@ -408,20 +408,29 @@ def follow_job(cluster: JobCluster, name: str, kind: str, poll_seconds: float, o
         if job is None:
             raise JobFailed(f"{kind} {name} is gone (deleted while it ran): the retried task creates it again")
         state, message = job_state(job.get("status"))
+        # Follow the log whatever the state says: a TrainJob never says Running and a PyTorchJob says Restarting
+        # while its master comes back (master_log yields nothing until a master pod has started). A job that ended
+        # before the first poll or between two still has the lines not yet printed printed once.
+        ended = state in ("succeeded", "failed")
+        mark = _print_master_log(cluster, name, kind, mark, out or sys.stdout, ended)
         if state == "succeeded":
             return
         if state == "failed":
             raise JobFailed(f"{kind} {name} failed: {message}")
-        # Not finished: follow the log whatever the state says. A TrainJob never says Running and a PyTorchJob
-        # says Restarting while its master comes back; master_log yields nothing until a master pod has started.
-        try:
-            for seen, line in cluster.master_log(name, mark):
-                print(line, file=out or sys.stdout, flush=True)
-                mark = seen
-        except Exception as exc:  # noqa: BLE001 - any break of the stream (HTTP, API, connection): the job still runs
-            log.warning("the log stream of %s %s broke (%s: %s): reconnecting", kind, name,
-                        type(exc).__name__, exc)
         time.sleep(poll_seconds)
+
+
+def _print_master_log(cluster: JobCluster, name: str, kind: str, mark: str | None, out: TextIO,
+                      ended: bool) -> str | None:
+    """Print the master's log lines after `mark` until its stream ends or breaks; returns the last mark printed."""
+    try:
+        for seen, line in cluster.master_log(name, mark):
+            print(line, file=out, flush=True)
+            mark = seen
+    except Exception as exc:  # noqa: BLE001 - any break of the stream (HTTP, API, connection): the job still runs
+        log.warning("the log stream of %s %s broke (%s: %s)%s", kind, name, type(exc).__name__, exc,
+                    "" if ended else ": reconnecting")
+    return mark
 
 
 def launch_job(cluster: JobCluster, spec: JobSpec, v2: bool, poll_seconds: float = 15.0,

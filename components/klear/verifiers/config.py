@@ -81,7 +81,8 @@ class VerifierConfig(StageConfig):
     nofile: int = pydantic.Field(64, ge=8, description="open files per program")
     code_workers: int = pydantic.Field(0, ge=0, description="programs run at once; 0 = one per core of the CPU limit")
     slot_uid_base: int | None = pydantic.Field(
-        61000, ge=1000, description="when root: sandbox slot i runs as uid base + i; null = the caller's uid")
+        61000, ge=1000, description="when root: the sandbox slots run as the first uids from this one up that no other "
+                       "pool on the host holds; null = the caller's uid")
     # Development machines only: run with whatever of Landlock/seccomp the kernel offers, loudly logged.
     allow_unconfined: bool = pydantic.Field(
         False, description="development machines only: run with whatever of Landlock and seccomp the kernel "

@@ -31,6 +31,7 @@ from typing import IO, Any
 from klear.common.parallel import resolve_workers
 from klear.common.workers import spawn
 from klear.verifiers.config import VerifierConfig
+from klear.verifiers.slot_uids import UidClaim
 
 __all__ = ["RunResult", "SandboxPool", "SandboxUnavailable", "kernel_support", "package_trees"]
 
@@ -288,6 +289,13 @@ class SandboxPool:
             log.error("!!! SANDBOX WEAKENED (allow_unconfined): %s. Never use this for untrusted code "
                       "on a machine that matters. !!!", "; ".join(problems))
         workers = resolve_workers(self.config.code_workers)  # 0: the container's CPU limit
+        use_uid = os.geteuid() == 0 and self.config.slot_uid_base is not None
+        if os.geteuid() == 0 and not use_uid:
+            log.warning("sandbox: running programs as root (slot_uid_base unset): only Landlock and seccomp "
+                        "confine them, and RLIMIT_NPROC does not apply to root")
+        # From slot_uid_base upward, the first uids no other pool on this host holds (see slot_uids).
+        self._uid_claim = (UidClaim(self.config.slot_uid_base, workers)
+                           if use_uid and self.config.slot_uid_base is not None else None)
         self._own_root = workdir_root is None
         self.workdir_root = workdir_root or tempfile.mkdtemp(prefix="klear-sandbox-")
         os.chmod(self.workdir_root, 0o711)  # slot uids may enter their own job folders, not list them
@@ -308,17 +316,13 @@ class SandboxPool:
             seccomp_dir = str(Path(pyseccomp.__file__).parent)
         except (ImportError, OSError):
             seccomp_dir = ""
-        use_uid = os.geteuid() == 0 and self.config.slot_uid_base is not None
-        if os.geteuid() == 0 and not use_uid:
-            log.warning("sandbox: running programs as root (slot_uid_base unset): only Landlock and seccomp "
-                        "confine them, and RLIMIT_NPROC does not apply to root")
         self._slots: queue.SimpleQueue[_Slot] = queue.SimpleQueue()
         self._all: list[_Slot] = []
         for i in range(workers):
             setup = {
                 "min_landlock_abi": MIN_LANDLOCK_ABI, "allow_unconfined": self.config.allow_unconfined,
                 "seccomp_dir": seccomp_dir, "read_paths": read_paths, "stdlib_paths": stdlib,
-                "uid": self.config.slot_uid_base + i if use_uid and self.config.slot_uid_base is not None else None,
+                "uid": self._uid_claim.uids[i] if self._uid_claim else None,
                 "workdir_root": self.workdir_root, "keep_workdir": keep_workdir,
                 "site_packages": site_packages, "site_dir": os.path.join(self.workdir_root, f"site-{i}"),
             }
@@ -376,6 +380,8 @@ class SandboxPool:
     def close(self) -> None:
         for slot in self._all:
             slot.close()
+        if self._uid_claim is not None:  # after the slots: their programs are gone with them
+            self._uid_claim.release()
         if self._own_root:
             shutil.rmtree(self.workdir_root, ignore_errors=True)
 
