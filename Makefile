@@ -93,8 +93,9 @@ typecheck: install
 pipeline: install
 	$(BIN)/python -m pipelines.compile
 
-# A new CPU data stage, registered in every place the tests check (pipelines/new_stage.py lists them), passing the
-# layout and pipeline tests as generated: make new-stage NAME=word-count KIND=data SUMMARY="words per record".
+# A new stage, a CPU data stage (KIND=data) or a GPU training stage (KIND=training), registered in every place the
+# tests check (pipelines/new_stage.py lists them), passing the layout and pipeline tests as generated:
+# make new-stage NAME=word-count KIND=data SUMMARY="words per record".
 new-stage: install
 	$(BIN)/python -m pipelines.new_stage "$(NAME)" --kind "$(or $(KIND),data)" --summary "$(SUMMARY)"
 

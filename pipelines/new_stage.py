@@ -1,246 +1,37 @@
-"""`make new-stage NAME=my-stage KIND=data [SUMMARY="..."]`: a new pipeline stage that `make test`'s layout and
-pipeline tests accept as generated, so the work left is the stage's own logic.
+"""`make new-stage NAME=my-stage KIND=data|training [SUMMARY="..."]`: a new pipeline stage that `make test`'s layout
+and pipeline tests accept as generated, so the work left is the stage's own logic.
 
 It writes the stage's package (components/klear/my_stage/: config.py with a StageConfig and its `preset_package`,
-presets/paper.yaml and presets/tiny.yaml, stage.py on the `klear.common.data_stage.DataStage` skeleton, component.py
-with `install_kfp_package=False` and an `Args:` line per input), its tests folder with a first test of the real
-command (tests/my_stage/), and inserts the lines every other place needs, each where the tests look for it:
+presets/paper.yaml and presets/tiny.yaml, stage.py on its kind's skeleton, component.py with
+`install_kfp_package=False` and an `Args:` line per input; a training stage also report.py), its tests folder with
+a first test of the real command (tests/my_stage/), and inserts the lines every other place needs, each where the
+tests look for it:
 
     components/klear/cli.py         COMMANDS and STAGES (the registry every test derives its lists from)
-    tests/layout/test_imports.py    ALLOWED: what the package may import ({"common"})
-    tests/common/test_markdown.py   HOSTILE_INPUTS: its report shows a hostile input file name as text
+    tests/layout/test_imports.py    ALLOWED: what the package may import ({"common"}; training: and "training")
+    tests/common/test_markdown.py   HOSTILE_INPUTS (data): its report shows a hostile input file name as text
     components/klear/common/lineage.py   KEY_SETTINGS: the config keys `klear lineage` shows first
-    pipelines/definitions.py        its `klear-my-stage` pipeline (a `cached_stage` task) and its PIPELINES entry
-    README.md, docs/deploy.md, docker/cpu.Dockerfile   its row, its rerun pipeline, its image's header
+    pipelines/definitions.py        its `klear-my-stage` pipeline (a `cached_stage` task; training: launched by
+                                    `_launches_training` on gpus_per_node and nodes) and its PIPELINES entry
+    README.md, docs/deploy.md       its row in the stage table (training: and its model input in the table of a
+                                    model's names), its rerun pipeline
+    docker/cpu.Dockerfile or docker/gpu.Dockerfile   its name in its image's header
 
-A bad or taken name is refused before anything is written. The template stage copies its input's records to
-records.jsonl: replace that with the stage's work. Training stages (TrainingStage, a GPU image, a launcher) are
-not generated yet: KIND=training is refused with the steps to follow by hand (README "Adding a stage").
+A bad or taken name is refused before anything is written. The templates (pipelines/stage_templates.py) do real
+work to replace: a data stage copies its input's records; a training stage trains a causal LM on a text field.
 """
 
 from __future__ import annotations
 
 import argparse
-import keyword
 import re
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
+
+from pipelines.stage_templates import KINDS, Kind, Names, ScaffoldError
 
 ROOT = Path(__file__).resolve().parents[1]
-NAME = re.compile(r"^[a-z][a-z0-9]*(-[a-z0-9]+)*$")
-KINDS = ("data",)
-
-
-class ScaffoldError(ValueError):
-    """A name or repository the scaffold cannot add a stage to; the message says why and where."""
-
-
-@dataclass(frozen=True)
-class Names:
-    command: str  # word-count: the `klear` subcommand, meta.stage, the STAGES key
-    package: str  # word_count: klear.word_count, tests/word_count
-    config_class: str  # WordCountConfig
-    keys_alias: str  # WORD_COUNT_KEYS: its OVERRIDE_KEYS as imported by pipelines/definitions.py
-    pipeline: str  # klear-word-count
-
-    @classmethod
-    def of(cls, command: str) -> Names:
-        if not NAME.match(command):
-            raise ScaffoldError(f"stage name {command!r}: lower-case words joined by '-', e.g. word-count")
-        package = command.replace("-", "_")
-        if keyword.iskeyword(package):
-            raise ScaffoldError(f"stage name {command!r}: {package} is a Python keyword")
-        camel = "".join(part.capitalize() for part in command.split("-"))
-        return cls(command, package, f"{camel}Config", f"{package.upper()}_KEYS", f"klear-{command}")
-
-
-# --------------------------------------------------------------------------- the stage's own files
-
-
-def stage_files(names: Names, summary: str) -> dict[str, str]:
-    """Path (from the repository root) -> text of every new file of a data stage."""
-    n = names
-    package = f"components/klear/{n.package}"
-    return {
-        f"{package}/__init__.py": f'"""{n.command}: {summary}"""\n',
-        f"{package}/config.py": f'''"""Config of the {n.command} stage."""
-
-from __future__ import annotations
-
-import pydantic
-
-from klear.common.config import StageConfig
-
-
-class {n.config_class}(StageConfig):
-    preset_package = "klear.{n.package}"
-
-    max_records: int = pydantic.Field(0, ge=0, description="records read at most, in input order; 0 = all")
-''',
-        f"{package}/presets/paper.yaml": f"# {n.command} as the recipe runs it.\nmax_records: 0\n",
-        f"{package}/presets/tiny.yaml": "# CPU demo and tests: the same rules on a few records.\nmax_records: 1000\n",
-        f"{package}/stage.py": f'''"""Entry point of the {n.command} stage.
-
-    klear {n.command} --input URI [URI ...] --output URI [--config paper|tiny|FILE]
-
-Reads the records of every input in order (JSONL, Parquet, a published output) and publishes
-
-    records.jsonl            the records read, up to max_records
-    report.json, report.md   counts
-
-atomically: nothing is visible as complete until the manifest is written, last.
-"""
-
-from __future__ import annotations
-
-import argparse
-import itertools
-import logging
-from collections.abc import Sequence
-from typing import Any
-
-from klear.common.data_stage import DataStage
-from klear.common.markdown import escape
-from klear.common.records import iter_records, parse_sources, write_records
-from klear.{n.package}.config import {n.config_class}
-
-log = logging.getLogger("klear.{n.package}")
-
-
-def render_markdown(report: dict[str, Any]) -> str:
-    return f"# {n.command}\\n\\n{{report['records']}} records from {{', '.join(escape(i) for i in report['inputs'])}}\\n"
-
-
-STAGE = DataStage("{n.command}", {n.config_class}, render_markdown)
-
-
-def run(inputs: Sequence[str], output: str, config: {n.config_class}) -> dict[str, Any]:
-    """Read `inputs`, publish to `output`; returns the report."""
-    # A bad output fails now, not after the work; the manifest's lineage is these inputs and this config.
-    checked = STAGE.check(output, {{"input": list(inputs)}}, config=config)
-    located = (row for source in parse_sources(inputs) for row in iter_records(source))
-    records = [row.record for row in itertools.islice(located, config.max_records or None)]
-    with checked.open() as out:
-        write_records(records, out.staging / "records.jsonl")
-        report = {{"stage": "{n.command}", "inputs": list(inputs), "records": len(records),
-                  "config": config.model_dump(mode="json")}}
-        out.publish(report, {{"records": len(records)}})
-    log.info("published %s: %d records", output, len(records))
-    return report
-
-
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("{n.command}", help="{summary}", description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--input", nargs="+", action="extend", required=True, metavar="URI",
-                        help="records to read, URI[#field=NAME]; repeat the flag or list several")
-    parser.add_argument("--output", required=True, metavar="URI", help="output location (path, file:// or s3://)")
-    STAGE.add_main(parser, lambda args, config: run(args.input, args.output, config),
-                   lambda report: {{"records": report["records"]}})
-''',
-        f"{package}/component.py": f'''"""KFP component of the {n.command} stage: a thin wrapper around `klear.{n.package}.stage.run`."""
-
-from kfp import dsl
-from kfp.dsl import Dataset, Input, Markdown, Metrics, Output
-
-from klear.common.config import keys_text
-from klear.common.images import CPU_IMAGE
-from klear.{n.package}.config import {n.config_class}
-
-# The keys `overrides` can set, "key: description; ...": the pipelines list them under their override parameters.
-OVERRIDE_KEYS = keys_text({n.config_class}, "; ")
-
-
-@dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
-def {n.package}(
-    data: Input[Dataset],
-    preset: str,
-    overrides: list,
-    run_root: str,
-    output: Output[Dataset],
-    summary: Output[Markdown],
-    metrics: Output[Metrics],
-    input_digest: str = "",
-):
-    """{summary[:1].upper() + summary[1:]}.
-
-    Args:
-        data: the records to read (imported by the pipeline).
-        preset: {n.command} config preset (paper, tiny) or a YAML file path.
-        overrides: {n.command} config overrides, "key=value" strings (`klear {n.command} --help-keys` lists the keys).
-        run_root: where stage outputs go, `<run_root>/<run id>/{n.command}`.
-        output: the published output: records.jsonl, report.json, report.md.
-        summary: report.md, shown in the KFP UI.
-        metrics: records read.
-        input_digest: the content digest of the inputs read by URI (the digest_inputs step): part of KFP's
-            cache key, so a cached result is served only for the same content; recorded in the output's metadata.
-    """
-    from klear.common import kfp_io
-    from klear.common.config import load_config
-    from klear.{n.package}.config import {n.config_class}
-    from klear.{n.package}.stage import render_markdown, run
-
-    target = kfp_io.output_location(run_root, "{n.command}")
-    report = run([kfp_io.input_location(data)], target, load_config({n.config_class}, preset, overrides))
-    kfp_io.record_output(output, target, {{"records": report["records"], "input_digest": input_digest}})
-    kfp_io.publish_report(summary, render_markdown(report), metrics, [("records", report["records"])])
-''',
-        f"tests/{n.package}/__init__.py": "",
-        f"tests/{n.package}/test_{n.package}.py": f'''"""The {n.command} stage through the real `klear {n.command}` command."""
-
-from __future__ import annotations
-
-import json
-from pathlib import Path
-
-from klear.common import storage
-from tests.commands import jsonl, klear
-
-
-def test_publishes_the_records_it_reads(tmp_path: Path) -> None:
-    data = jsonl(tmp_path / "data.jsonl", [{{"id": f"r{{i}}", "prompt": f"Compute {{i}} + {{i}}."}} for i in range(5)])
-    out = tmp_path / "out"
-    done = klear("{n.command}", "--input", data, "--output", str(out), "--config", "tiny", "--set", "max_records=3")
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert json.loads(done.stdout.splitlines()[-1]) == {{"records": 3}}
-    manifest = json.loads((out / storage.MANIFEST_NAME).read_text())
-    assert manifest["meta"]["stage"] == "{n.command}" and manifest["meta"]["records"] == 3
-    rows = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
-    assert [row["id"] for row in rows] == ["r0", "r1", "r2"]
-
-
-def test_a_bad_input_is_refused_by_name(tmp_path: Path) -> None:
-    done = klear("{n.command}", "--input", str(tmp_path / "missing.jsonl"), "--output", str(tmp_path / "out"))
-    assert done.returncode == 2 and "missing.jsonl" in done.stderr, done.stderr[-3000:]
-''',
-    }
-
-
-def pipeline_function(names: Names, summary: str) -> str:
-    """The stage's own `klear-<stage>` pipeline: its input imported by URI, the stage a `cached_stage` task."""
-    n = names
-    return f'''@dsl.pipeline(name="{n.pipeline}", display_name="{n.command} (rerun)",
-              description="Rerun {n.command} alone on existing records")
-@_run_form(overrides={n.keys_alias})
-def {n.package}_pipeline(data_uri: str, run_root: str, preset: str = "paper", overrides: list = [],
-{" " * (len(n.package) + 14)}plan_cluster: str = "h100-80gb-x8", plan_gpu_quota: int = 0, recompute: str = "") -> dsl.Dataset:
-    """{summary[:1].upper() + summary[1:]}.
-
-    Args:
-        data_uri: The records {n.command} reads: a JSONL/Parquet file or a published output (s3://...).
-        preset: {n.command} config (paper, tiny) or a YAML path.
-    """
-    data = _import(data_uri, dsl.Dataset, "records")
-    task = cached_stage({n.package}, (data_uri,), what="{n.command} inputs", recompute=recompute, preset=preset,
-                        data=data.output, overrides=overrides, run_root=run_root)
-    output = _deterministic(task.set_display_name("{n.command}"), "4", "16Gi").outputs["output"]
-    _plan_first("{n.pipeline}", plan_cluster, plan_gpu_quota, preset, overrides)
-    return output
-'''
-
-
 # --------------------------------------------------------------------------- registry lines (pure text edits)
 
 
@@ -279,8 +70,8 @@ def register_command(cli: str, names: Names, image: str) -> str:
                            f'    "{names.command}": Stage("{image}", ("{names.pipeline}",)),', "cli.py STAGES")
 
 
-def register_layer(imports: str, names: Names) -> str:
-    return insert_in_block(imports, "ALLOWED: dict[str, set[str]] = {", f'    "{names.package}": {{"common"}},',
+def register_layer(imports: str, names: Names, kind: Kind) -> str:
+    return insert_in_block(imports, "ALLOWED: dict[str, set[str]] = {", f'    "{names.package}": {kind.layers},',
                            "tests/layout/test_imports.py ALLOWED")
 
 
@@ -290,19 +81,20 @@ def register_hostile_input(markdown_test: str, names: Names) -> str:
                            "tests/common/test_markdown.py HOSTILE_INPUTS")
 
 
-def register_key_settings(lineage: str, names: Names) -> str:
+def register_key_settings(lineage: str, names: Names, kind: Kind) -> str:
+    keys = "".join(f'"{key}", ' for key in kind.key_settings).rstrip(" ")
     return insert_in_block(lineage, "KEY_SETTINGS: dict[str, tuple[str, ...]] = {",
-                           f'    "{names.command}": ("max_records",),', "klear/common/lineage.py KEY_SETTINGS")
+                           f'    "{names.command}": ({keys}),', "klear/common/lineage.py KEY_SETTINGS")
 
 
-def register_pipeline(definitions: str, names: Names, summary: str) -> str:
+def register_pipeline(definitions: str, names: Names, summary: str, kind: Kind) -> str:
     definitions = insert_imports(definitions, [
         f"from klear.{names.package}.component import OVERRIDE_KEYS as {names.keys_alias}",
         f"from klear.{names.package}.component import {names.package}"])
     anchor = "\n\nPIPELINES = {"
     if anchor not in definitions:
         raise ScaffoldError("pipelines/definitions.py: no `PIPELINES = {` (where the stage's pipeline goes)")
-    definitions = definitions.replace(anchor, "\n\n" + pipeline_function(names, summary) + anchor, 1)
+    definitions = definitions.replace(anchor, "\n\n" + kind.pipeline(names, summary) + anchor, 1)
     return insert_in_block(definitions, "PIPELINES = {", f'    "{names.pipeline}": {names.package}_pipeline,',
                            "pipelines/definitions.py PIPELINES")
 
@@ -316,13 +108,27 @@ def register_readme(readme: str, names: Names, summary: str, stages: list[str]) 
     return readme[:at] + f"| `{names.command}` | {summary} |\n" + readme[at:]
 
 
-def register_deploy(deploy: str, names: Names) -> str:
+def register_model_input(readme: str, names: Names, kind: Kind) -> str:
+    """The component's model input in README's table of a model's names (the row of the model training starts
+    from): its command's flag, its component input, its pipeline's parameter."""
+    row = re.search(r"^\| the model training starts from \|.*\|$", readme, re.MULTILINE)
+    if row is None:
+        raise ScaffoldError("README.md: no row `| the model training starts from | ...` in the table of a model's names")
+    cells = row.group(0).split("|")
+    if len(cells) != 6:
+        raise ScaffoldError("README.md: the row `| the model training starts from |` has not four columns")
+    cells[2:5] = [f"{cells[2].rstrip()}, `{names.command} --model` ", f"{cells[3].rstrip()}, {names.package.replace('_', '-')} "
+                  f"`{kind.model_input}` ", f"{cells[4].rstrip()}, `base_model_uri` ({names.pipeline}) "]
+    return readme[:row.start()] + "|".join(cells) + readme[row.end():]
+
+
+def register_deploy(deploy: str, names: Names, kind: Kind) -> str:
     """Its rerun pipeline in docs/deploy.md's list of single-stage pipelines, before the list's last entry."""
     entries = list(re.finditer(r"^- `klear-[a-z0-9-]+`.*$", deploy, re.MULTILINE))
     if not entries:
         raise ScaffoldError("docs/deploy.md: no list of `klear-<stage>` pipelines (\"Rerun one stage\")")
     at = entries[-1].start()
-    return deploy[:at] + f"- `{names.pipeline}`: `data_uri`;\n" + deploy[at:]
+    return deploy[:at] + f"- `{names.pipeline}`: {kind.rerun_arguments};\n" + deploy[at:]
 
 
 def register_image(dockerfile: str, names: Names, image: str) -> str:
@@ -350,30 +156,34 @@ def check_free(root: Path, names: Names) -> None:
 def add_stage(root: Path, command: str, kind: str = "data", summary: str = "") -> list[Path]:
     """Write the stage's files and registry lines under `root`; the paths written or edited."""
     if kind not in KINDS:
-        raise ScaffoldError(f"KIND={kind}: the scaffold makes {', '.join(KINDS)} stages; a training stage is added by "
-                            "hand on klear.training.stage.TrainingStage (README \"Adding a stage\")")
+        raise ScaffoldError(f"KIND={kind}: the scaffold makes {' or '.join(KINDS)} stages")
+    of_kind = KINDS[kind]
     names = Names.of(command)
     check_free(root, names)
-    summary = summary.strip().rstrip(".") or f"{command}: a new data stage"
+    summary = summary.strip().rstrip(".") or f"{command}: a new {kind} stage"
     stages = re.findall(r'^    "([a-z0-9-]+)": Stage\(', (root / "components/klear/cli.py").read_text(), re.MULTILINE)
-    image = "cpu"
+    image = of_kind.image
     edits: dict[str, Callable[[str], str]] = {
         "components/klear/cli.py": lambda text: register_command(text, names, image),
-        "tests/layout/test_imports.py": lambda text: register_layer(text, names),
-        "components/klear/common/lineage.py": lambda text: register_key_settings(text, names),
-        "tests/common/test_markdown.py": lambda text: register_hostile_input(text, names),
-        "pipelines/definitions.py": lambda text: register_pipeline(text, names, summary),
+        "tests/layout/test_imports.py": lambda text: register_layer(text, names, of_kind),
+        "components/klear/common/lineage.py": lambda text: register_key_settings(text, names, of_kind),
+        "pipelines/definitions.py": lambda text: register_pipeline(text, names, summary, of_kind),
         "README.md": lambda text: register_readme(text, names, summary, stages),
-        "docs/deploy.md": lambda text: register_deploy(text, names),
+        "docs/deploy.md": lambda text: register_deploy(text, names, of_kind),
         f"docker/{image}.Dockerfile": lambda text: register_image(text, names, image),
     }
+    if of_kind.hostile_input:
+        edits["tests/common/test_markdown.py"] = lambda text: register_hostile_input(text, names)
+    if of_kind.model_input:
+        readme_row = edits["README.md"]
+        edits["README.md"] = lambda text: register_model_input(readme_row(text), names, of_kind)
     # Every edit is computed before anything is written: a repository the scaffold cannot read is left as it was.
     missing = [path for path in edits if not (root / path).is_file()]
     if missing:
         raise ScaffoldError(f"{root} is not a checkout of this repository: {missing} not found")
     edited = {path: edit((root / path).read_text()) for path, edit in edits.items()}
     written = []
-    for path, text in {**stage_files(names, summary), **edited}.items():
+    for path, text in {**of_kind.files(names, summary), **edited}.items():
         target = root / path
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(text)
@@ -385,7 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="make new-stage", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("name", help="the stage's command, e.g. word-count")
-    parser.add_argument("--kind", default="data", help="data (a CPU stage on DataStage)")
+    parser.add_argument("--kind", default="data", choices=list(KINDS),
+                        help="data (a CPU stage on DataStage) or training (a GPU stage on TrainingStage)")
     parser.add_argument("--summary", default="", help="one line: what the stage does (README's stage table)")
     parser.add_argument("--root", type=Path, default=ROOT, help="the repository (default: this checkout)")
     args = parser.parse_args(argv)

@@ -38,13 +38,24 @@ def _stage_module(command: str) -> Path:
     return _PACKAGE_ROOT / (COMMANDS[command].replace(".", "/") + ".py")
 
 
-def data_stages() -> list[str]:
-    """The registry's stages built on `klear.common.data_stage.DataStage` (`STAGE = DataStage(...)` in their command's
-    module), in the recipe's order: the ones a real command runs in seconds on a few JSONL rows."""
+def _stages_on(skeleton: str) -> list[str]:
+    """The registry's stages whose command's module builds its STAGE on `skeleton` (`STAGE = <skeleton>(...)`), in the
+    recipe's order."""
     from klear.cli import STAGES
 
     return [name for name in STAGES
-            if any(line.startswith("STAGE = DataStage(") for line in _stage_module(name).read_text().splitlines())]
+            if any(line.startswith(f"STAGE = {skeleton}(") for line in _stage_module(name).read_text().splitlines())]
+
+
+def data_stages() -> list[str]:
+    """The stages built on `klear.common.data_stage.DataStage`: the ones a real command runs in seconds on a few JSONL
+    rows."""
+    return _stages_on("DataStage")
+
+
+def training_stages() -> list[str]:
+    """The stages built on `klear.training.stage.TrainingStage`: they publish a trained model and its report."""
+    return _stages_on("TrainingStage")
 
 
 def sample_row_readers() -> list[str]:

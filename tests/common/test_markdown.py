@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from klear.common.markdown import escape, escaped, fence, markdown_report
-from tests.commands import data_stages, jsonl, klear
+from tests.commands import data_stages, jsonl, klear, training_stages
 
 HOSTILE = "<img src=x onerror=alert(1)>|x"
 # A stage name forged in an upstream manifest that closes a code fence and opens HTML (issue #31).
@@ -171,21 +171,23 @@ def test_every_data_stage_report_shows_hostile_text_as_text(tmp_path: Path, stag
     _check_safe(re.sub(r"!\[[^\]]*\]\([^)]*\)", "", markdown))  # evaluate's figure links are its own
 
 
-def test_training_reports_escape_their_values() -> None:
-    """sft and gppo write report.md beside the model (no data stage command runs them in seconds): their renderers
-    escape as the data stages' do."""
-    from klear.gppo.report import render_markdown as gppo_markdown
-    from klear.sft.report import render_markdown as sft_markdown
+@pytest.mark.parametrize("stage", training_stages())
+def test_every_training_report_escapes_its_values(stage: str) -> None:
+    """A training stage writes report.md beside the model (no command trains in seconds): its renderer, run on a
+    report whose every kind of value is hostile, escapes as the data stages' do."""
+    import importlib
 
+    from klear.cli import COMMANDS
+
+    render = importlib.import_module(COMMANDS[stage]).STAGE.render_markdown
     report = {"data": {"read": 3, "kept": 2, "tokens": 10, "skipped": {HOSTILE: 1}},
               "training": {"global_step": 1, "max_steps": 1, "resumed_from_step": 0, "epochs": 1.0,
                            "reward_timeouts": 0, "fill_ratio_min": 1.0},
               "history": [{"step": 1.0, "reward": 0.5}], "metrics": {HOSTILE: 0.5},
               "config": {"task": HOSTILE, "loss": "gppo", "eps_low": 0.2, "eps_high": 0.28, "sft_alpha": 0.1}}
-    for render in (sft_markdown, gppo_markdown):
-        markdown = render(report)
-        assert escape(HOSTILE) in markdown
-        _check_safe(markdown)
+    markdown = render(report)
+    assert escape(HOSTILE) in markdown
+    _check_safe(markdown)
 
 
 def test_sample_failures_show_ids_as_text(tmp_path: Path) -> None:

@@ -14,19 +14,26 @@ import pytest
 from pipelines.new_stage import Names, ScaffoldError, add_stage, insert_in_block, register_image
 
 ROOT = Path(__file__).resolve().parents[2]
-# What the generated stage must pass as generated (the wheel builds of test_stages are left out: seconds each, and
-# the stage's presets are plain files under the "*" glob they check).
-CHECKS = ["tests/word_count", "tests/layout/test_stages.py", "-k", "not wheel and not per_package_list",
-          "tests/layout/test_imports.py::test_every_subpackage_has_declared_dependencies",
-          "tests/layout/test_imports.py::test_imports_point_one_way",
-          "tests/common/test_markdown.py::test_every_data_stage_report_shows_hostile_text_as_text[word-count]",
-          "tests/layout/test_imports.py::test_cpu_image_modules_import_without_torch[word_count]",
-          "tests/pipelines/test_pipelines.py::test_the_pipelines_are_the_registrys",
-          "tests/pipelines/test_pipelines.py::test_every_pipeline_compiles_and_loads_back",
-          "tests/pipelines/test_pipelines.py::test_cached_tasks_key_on_the_content_of_what_they_read",
-          "tests/pipelines/test_pipelines.py::test_every_stage_task_takes_overrides_from_a_run_time_parameter",
-          "tests/pipelines/test_run_form.py::test_every_input_of_every_component_and_pipeline_is_described",
-          "tests/pipelines/test_run_form.py::test_every_override_parameter_lists_keys"]
+# What a generated stage must pass as generated (the wheel builds of test_stages are left out: seconds each, and the
+# stage's presets are plain files under the "*" glob they check), by kind: (name, package, its own checks).
+SHARED_CHECKS = ["tests/layout/test_stages.py", "-k", "not wheel and not per_package_list",
+                 "tests/layout/test_imports.py::test_every_subpackage_has_declared_dependencies",
+                 "tests/layout/test_imports.py::test_imports_point_one_way",
+                 "tests/pipelines/test_pipelines.py::test_the_pipelines_are_the_registrys",
+                 "tests/pipelines/test_pipelines.py::test_every_pipeline_compiles_and_loads_back",
+                 "tests/pipelines/test_pipelines.py::test_cached_tasks_key_on_the_content_of_what_they_read",
+                 "tests/pipelines/test_pipelines.py::test_every_stage_task_takes_overrides_from_a_run_time_parameter",
+                 "tests/pipelines/test_run_form.py::test_every_input_of_every_component_and_pipeline_is_described",
+                 "tests/pipelines/test_run_form.py::test_every_override_parameter_lists_keys"]
+KIND_CHECKS = {
+    "data": ("word-count", "word_count", [
+        "tests/common/test_markdown.py::test_every_data_stage_report_shows_hostile_text_as_text[word-count]",
+        "tests/layout/test_imports.py::test_cpu_image_modules_import_without_torch[word_count]"]),
+    # Its first test trains the tiny model on CPU through the real command; the README test checks its model input.
+    "training": ("text-tune", "text_tune", [
+        "tests/common/test_markdown.py::test_every_training_report_escapes_its_values[text-tune]",
+        "tests/layout/test_stages.py::test_readme_names_every_model_input_of_a_component"]),
+}
 
 
 def _copy_of_the_repository(tmp_path: Path) -> Path:
@@ -64,8 +71,8 @@ def test_a_taken_name_or_unknown_kind_is_refused_and_nothing_written(tmp_path: P
     (copy / "tests" / "word_count").mkdir(parents=True)
     with pytest.raises(ScaffoldError, match="tests/word_count exists already"):
         add_stage(copy, "word-count")
-    with pytest.raises(ScaffoldError, match="KIND=training"):
-        add_stage(copy, "my-trainer", "training")
+    with pytest.raises(ScaffoldError, match="KIND=serving: the scaffold makes data or training stages"):
+        add_stage(copy, "my-server", "serving")
     assert not (copy / "components" / "klear" / "word_count").exists()
 
 
@@ -78,23 +85,28 @@ def test_a_registry_edit_names_the_place_it_cannot_find() -> None:
 
 
 @pytest.mark.slow
-def test_a_generated_stage_passes_the_layout_and_pipeline_tests(tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", list(KIND_CHECKS))
+def test_a_generated_stage_passes_the_layout_and_pipeline_tests(tmp_path: Path, kind: str) -> None:
     """The real generator into a copy of the repository, then the tests it must pass there, its own first test
     included, and the linter over what it wrote."""
+    name, package, own_checks = KIND_CHECKS[kind]
     copy = _copy_of_the_repository(tmp_path)
     env = {**os.environ, "PYTHONPATH": f"{copy / 'components'}{os.pathsep}{copy}"}
-    made = subprocess.run([sys.executable, "-m", "pipelines.new_stage", "word-count", "--root", str(copy),
-                           "--summary", "words per record of a JSONL dataset"], cwd=copy, env=env,
+    made = subprocess.run([sys.executable, "-m", "pipelines.new_stage", name, "--kind", kind, "--root", str(copy),
+                           "--summary", f"a generated {kind} stage"], cwd=copy, env=env,
                           capture_output=True, text=True, timeout=60)
     assert made.returncode == 0, made.stderr
-    assert (copy / "components/klear/word_count/component.py").is_file() and "Next:" in made.stdout
-    again = subprocess.run([sys.executable, "-m", "pipelines.new_stage", "word-count", "--root", str(copy)], cwd=copy,
+    assert (copy / f"components/klear/{package}/component.py").is_file() and "Next:" in made.stdout
+    again = subprocess.run([sys.executable, "-m", "pipelines.new_stage", name, "--root", str(copy)], cwd=copy,
                            env=env, capture_output=True, text=True, timeout=60)
     assert again.returncode == 2 and "already a command" in again.stderr, again.stderr
-    lint = subprocess.run([sys.executable, "-m", "ruff", "check", "components", "pipelines", "tests/word_count",
+    lint = subprocess.run([sys.executable, "-m", "ruff", "check", "components", "pipelines", f"tests/{package}",
                            "tests/layout"], cwd=copy, env=env, capture_output=True, text=True, timeout=120)
     assert lint.returncode == 0, lint.stdout + lint.stderr
-    tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *CHECKS], cwd=copy,
-                           env=env, capture_output=True, text=True, timeout=600)
+    checks = [f"tests/{package}", *SHARED_CHECKS, *own_checks]
+    tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-rA", "-p", "no:cacheprovider", *checks],
+                           cwd=copy, env=env, capture_output=True, text=True, timeout=900)
     assert tests.returncode == 0, tests.stdout[-6000:] + tests.stderr[-3000:]
-    assert " passed" in tests.stdout and "word_count" in tests.stdout + str(CHECKS)
+    passed = {line.split()[1] for line in tests.stdout.splitlines() if line.startswith("PASSED ")}
+    assert any(test.startswith(f"tests/{package}/") for test in passed), tests.stdout[-3000:]  # its own first test
+    assert set(own_checks) <= passed, tests.stdout[-3000:]

@@ -41,8 +41,6 @@ TEACHER, REFERENCE, POLICY = "deepseek-r1-0528", "qwen3-8b", "qwen3-8b-base"
 # config.json cannot be read here.
 TRAINED_POLICY_PIPELINES = ("klear-gppo-math", "klear-gppo-code", "klear-evaluate")
 CONFIGS = {stage: f"klear.{stage.replace('-', '_')}.config" for stage in STAGES}
-CLASSES = {"curate": "CurateConfig", "sample": "SampleConfig", "judge": "JudgeConfig", "sft-data": "SftDataConfig",
-           "sft": "SftConfig", "rl-filter": "RlFilterConfig", "gppo": "GppoConfig", "evaluate": "EvaluateConfig"}
 # The recipe's settings: (stage, preset parameter, overrides parameter), in the order the stages run.
 RECIPE_SETTINGS = (
     ("curate", "curate_preset", "curate_overrides"),
@@ -62,7 +60,15 @@ RECIPE_SETTINGS = (
 
 
 def config_class(stage: str) -> type[StageConfig]:
-    return getattr(importlib.import_module(CONFIGS[stage]), CLASSES[stage])
+    """The stage's config: the StageConfig of klear.<package>.config whose presets are the package's own."""
+    module = importlib.import_module(CONFIGS[stage])
+    package = module.__name__.rpartition(".")[0]
+    found = [value for value in vars(module).values() if isinstance(value, type) and issubclass(value, StageConfig)
+             and value.__module__ == module.__name__ and getattr(value, "preset_package", None) == package]
+    if len(found) != 1:
+        raise LookupError(f"{module.__name__}: {len(found)} StageConfig classes with preset_package = {package!r}, "
+                          "not one (the stage's config)")
+    return found[0]
 
 
 # --------------------------------------------------------------------------- the pipeline's arguments

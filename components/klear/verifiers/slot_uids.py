@@ -2,9 +2,10 @@
 
 A uid is shared state: RLIMIT_NPROC counts every process and thread of a uid on the host. Two pools whose slots
 ran as the same uid (two judges, two test workers, two GPPO reward workers started with the same `slot_uid_base`)
-would share one limit, and a fork bomb in one would leave the other's programs unable to start a thread. So a pool takes its uids from `slot_uid_base` upward, skipping any that
-another live pool holds: a uid is held by an exclusive flock on a lock file, which the kernel releases when the
-pool closes it or its process dies, so a killed pool leaves nothing to clean up.
+would share one limit, and a fork bomb in one would leave the other's programs unable to start a thread. So a pool
+takes its uids from `slot_uid_base` upward, skipping any that another live pool holds: a uid is held by an
+exclusive flock on a lock file, which the kernel releases when the pool closes it or its process dies, so a killed
+pool leaves nothing to clean up.
 
 The lock files live in /run/lock (or /tmp where that is missing): processes that share that folder coordinate.
 Containers with folders of their own (two pods on one node) do not see each other's claims.
