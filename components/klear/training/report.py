@@ -39,3 +39,17 @@ def steps_line(training: dict[str, Any]) -> str:
 
 def metrics_table(metrics: dict[str, float]) -> list[str]:
     return ["| metric | value |", "|---|---|", *(f"| {key} | {value:.6g} |" for key, value in sorted(metrics.items()))]
+
+
+TOKENS_PER_EPOCH: Extra = ("train_tokens_per_epoch", "data", "tokens")  # of a stage that trains on tokenized records
+
+
+def records_report_lines(title: str, report: dict[str, Any]) -> list[str]:
+    """The Markdown of a stage that trains on records (sft, a generated training stage): records read and trained on
+    with their tokens per epoch, the skipped ones by reason, the steps and epochs, the final metrics. The caller's
+    renderer is a @markdown_report: the values arrive escaped."""
+    data, training = report["data"], report["training"]
+    return [f"# {title}", "",
+            f"Records: {data['read']} read, {data['kept']} trained on ({data['tokens']} tokens per epoch).", "",
+            *skipped_table(data), "", f"{steps_line(training)}, epochs {training['epochs']:.2f}.", "",
+            *metrics_table(report["metrics"]), ""]
