@@ -28,6 +28,7 @@ import contextlib
 import json
 import os
 import tempfile
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -100,10 +101,15 @@ class StageOutput:
     @contextlib.contextmanager
     def open(self) -> Iterator[Publication]:
         """Hold the output (a second run fails now, with OutputBusyError) and a staging folder until the block
-        ends; nothing is published unless the block calls `publish`."""
+        ends; nothing is published unless the block calls `publish`. The inputs are digested for the lineage on a
+        thread from now on, beside the stage's work (hashing a large source file releases the GIL)."""
+        made_from = lineage.RunLineage([uri for uris in self.inputs.values() for uri in uris], self.config)
+        digesting = threading.Thread(target=lambda: made_from.input_records, name="digest-inputs", daemon=True)
         with storage.claim_output(self.uri, task=f"{self.stage.name} publishing") as lease, \
                 tempfile.TemporaryDirectory(prefix=f"klear-{self.stage.name}-") as staging:
-            yield Publication(self, Path(staging), lease, storage.StreamedFiles(lease, self.stage.name))
+            digesting.start()
+            yield Publication(self, Path(staging), lease, storage.StreamedFiles(lease, self.stage.name), made_from,
+                              digesting)
 
 
 @dataclass(frozen=True)
@@ -112,6 +118,8 @@ class Publication:
     staging: Path  # the output's files go here; publish uploads them all (those `ship` has not uploaded already)
     lease: storage.OutputLease
     streamed: storage.StreamedFiles  # the files `ship` uploaded, with their manifest entries
+    made_from: lineage.RunLineage  # the checked inputs and config
+    digesting: threading.Thread  # digests made_from's inputs (its input_records); publish waits for it
 
     def ship(self, path: Path) -> None:
         """Upload a finished file of the staging folder (a Parquet part of a large output) to the output now and
@@ -135,8 +143,8 @@ class Publication:
             raise ValueError(f"manifest meta keys {taken} are the skeleton's (stage name, inputs, lineage)")
         self.write_report(report)
         checked = self.output
-        made_from = lineage.RunLineage([uri for uris in checked.inputs.values() for uri in uris], checked.config)
+        self.digesting.join()  # had it failed, record() digests the inputs again here and raises what it raises
         return storage.publish_dir(self.staging, checked.uri,
                                    meta={"stage": checked.stage.name, **(meta or {}), "inputs": checked.inputs,
-                                         "lineage": made_from.record()},
+                                         "lineage": self.made_from.record()},
                                    streamed=self.streamed)

@@ -153,8 +153,9 @@ def record(inputs: list[dict[str, Any]], config: StageConfig | None) -> dict[str
 
 class RunLineage:
     """What every publish of one run records: the inputs its stage declared and its config, handed over by the
-    stage, never gathered from what else the process read. The inputs are digested at the first `record` and shared
-    by every later one: a training run's checkpoints and its model name the inputs it started from."""
+    stage, never gathered from what else the process read. The inputs are digested once (at the first `record`, or on
+    the thread a data stage starts when it opens its output) and shared by every later `record`: a training run's
+    checkpoints and its model name the inputs it started from."""
 
     def __init__(self, inputs: Iterable[str], config: StageConfig | None) -> None:
         self.inputs = list(inputs)

@@ -1,4 +1,4 @@
-"""Ordered parallel map over a stream, with a bounded number of batches in flight."""
+"""Ordered parallel map over a stream, with a bounded number of batches in flight; a stream read ahead on a thread."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ import collections
 import math
 import multiprocessing
 import os
+import queue
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
@@ -81,3 +83,48 @@ def _start_worker(parent: int, initializer: Callable[..., None] | None, initargs
     die_with_parent(parent)  # a worker busy in an item would otherwise outlive a killed stage
     if initializer is not None:
         initializer(*initargs)
+
+
+_END = object()
+
+
+def read_ahead(items: Iterable[T], depth: int = 2) -> Iterator[T]:
+    """`items` in order, produced on a background thread at most `depth` ahead of the consumer: the producer's
+    numpy, Arrow and file work, which releases the GIL, runs on a second core while the consumer works on the
+    previous item. A producer's error is raised here in its place in the stream; a consumer that stops early
+    stops the producer before its next item."""
+    handoff: queue.Queue[tuple[Any, BaseException | None]] = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def hand(value: Any, error: BaseException | None = None) -> bool:
+        while not stop.is_set():
+            try:
+                handoff.put((value, error), timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce() -> None:
+        try:
+            for item in items:
+                if not hand(item):
+                    return
+            hand(_END)
+        except BaseException as exc:  # noqa: BLE001 (handed to the consumer, which raises it)
+            hand(_END, exc)
+
+    producer = threading.Thread(target=produce, name="read-ahead", daemon=True)
+    producer.start()
+    try:
+        while True:
+            value, error = handoff.get()
+            if error is not None:
+                raise error
+            if value is _END:
+                return
+            yield value
+    finally:
+        stop.set()
+        producer.join()
+

@@ -20,7 +20,9 @@ class CurateConfig(StageConfig):
     )
     batch_size: int = pydantic.Field(4096, ge=1, description="prompts per worker batch")
     workers: int = pydantic.Field(
-        0, ge=0, description="worker processes; 0 = one per core but one (the main process's); 1 = none: all in this process"
+        0, ge=0, description="worker processes; 0 = one per core but one (the main process's); 1 = none: all in this "
+        "process, on threads (one reads, parses and normalizes the next chunk, the main one matches and decides, one "
+        "writes Parquet)",
     )
     rows_per_shard: int = pydantic.Field(500_000, ge=1, description="rows per output Parquet file")
     report_short_limit: int = pydantic.Field(1000, ge=0, description="short prompts listed by id in report.json")

@@ -18,8 +18,9 @@ from __future__ import annotations
 import argparse
 import logging
 import time
-from collections import Counter, defaultdict
+from collections import Counter, defaultdict, deque
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -29,7 +30,7 @@ import pyarrow as pa
 
 from klear import testsets as shipped_benchmarks
 from klear.common.data_stage import DataStage
-from klear.common.parallel import ordered_map, resolve_workers
+from klear.common.parallel import ordered_map, read_ahead, resolve_workers
 from klear.common.records import (
     Chunk,
     Located,
@@ -43,7 +44,7 @@ from klear.common.records import (
 )
 from klear.curate.arrays import bool_array, int64_array, text_array, text_list_array
 from klear.curate.config import CurateConfig
-from klear.curate.matching import BenchmarkItem, Match, NgramIndex, dedup_key, pack_normalized
+from klear.curate.matching import BenchmarkItem, Match, NgramIndex, PackedTexts, dedup_key, pack_normalized
 from klear.curate.report import render_markdown
 
 log = logging.getLogger("klear.curate")
@@ -140,12 +141,21 @@ class BatchVerdicts:
     matches: list[Match | None]  # n-gram or short-prompt match per prompt
 
 
-def analyze_batch(index: NgramIndex, texts: Sequence[str], encoded: Sequence[bytes] | None = None) -> BatchVerdicts:
-    """Dedup keys, word counts and contamination matches for a batch of prompt texts (`encoded`: their UTF-8)."""
-    packed = pack_normalized(texts, encoded)
+def analyze_packed(index: NgramIndex, packed: PackedTexts) -> BatchVerdicts:
+    """Dedup keys, word counts and contamination matches of a batch of normalized prompts."""
     data = memoryview(packed.data)
     keys = [dedup_key(data[a:b]) for a, b in zip(packed.text_starts.tolist(), packed.text_ends.tolist())]
     return BatchVerdicts(keys, packed.word_counts().tolist(), index.match_packed(packed))
+
+
+@dataclass(frozen=True)
+class ParsedBatch:
+    """One chunk of one source, parsed and normalized: its rows as an Arrow batch (id, source, prompt, record,
+    where) and its prompts' normalized forms."""
+
+    source: str
+    rows: pa.RecordBatch
+    packed: PackedTexts
 
 
 @dataclass(frozen=True)
@@ -158,8 +168,8 @@ class PreparedBatch:
     verdicts: BatchVerdicts
 
 
-def prepare_chunk(source: Source, chunk: Chunk, prompt_field: str, id_field: str, index: NgramIndex,
-                  first_row: int | None = None) -> PreparedBatch:
+def read_chunk(source: Source, chunk: Chunk, prompt_field: str, id_field: str,
+               first_row: int | None = None) -> ParsedBatch:
     """`first_row`: the number, within the whole source, of the chunk's first entry (default: its number in
     its file), so that rows of a source spanning several files get distinct `<source>:<row>` ids."""
     shift = 0 if first_row is None else first_row - chunk.first
@@ -173,7 +183,13 @@ def prepare_chunk(source: Source, chunk: Chunk, prompt_field: str, id_field: str
     encoded = [prompt.encode() for prompt in prompts]
     columns: list[Sequence[str | bytes]] = [ids, [source.name] * len(ids), encoded, records, wheres]
     rows = pa.RecordBatch.from_arrays([text_array(column) for column in columns], schema=ROW_SCHEMA)
-    return PreparedBatch(source.name, rows, analyze_batch(index, prompts, encoded))
+    return ParsedBatch(source.name, rows, pack_normalized(prompts, encoded))
+
+
+def prepare_chunk(source: Source, chunk: Chunk, prompt_field: str, id_field: str, index: NgramIndex,
+                  first_row: int | None = None) -> PreparedBatch:
+    parsed = read_chunk(source, chunk, prompt_field, id_field, first_row)
+    return PreparedBatch(parsed.source, parsed.rows, analyze_packed(index, parsed.packed))
 
 
 def _jsonl_fields(source: Source, chunk: Chunk, prompt_field: str, id_field: str,
@@ -355,9 +371,17 @@ class Decider:
 def curate_workers(requested: int, cores: int) -> int:
     """Worker processes for `requested` (0: one per core but one). This process reads, decides duplicates and
     writes, about a quarter of the work, and every prompt crosses a pipe to a worker and back: on 2 cores one
-    process doing everything is faster than two workers beside it (benchmarks/bench_curate.py), so 0 leaves
-    a core to this process, and 1 means no worker process at all."""
+    process is faster than two workers beside it (benchmarks/bench_curate.py), so 0 leaves a core to this process,
+    and 1 means no worker process at all. Without workers, this process still uses a second core: a thread reads,
+    parses and normalizes the next chunk while the main thread matches and decides, and numpy, Arrow and Parquet,
+    which release the GIL, run beside the Python work."""
     return requested if requested > 0 else max(1, cores - 1)
+
+
+def _write(kept: ParquetShardWriter, kept_rows: pa.RecordBatch, removed: ParquetShardWriter,
+           removed_rows: pa.Table) -> None:
+    kept.write(kept_rows)
+    removed.write(removed_rows)
 
 
 def run(
@@ -382,16 +406,26 @@ def run(
         removed = ParquetShardWriter(staging / "removed", "part", REMOVED_SCHEMA, config.rows_per_shard,
                                      dictionary_columns=("source", "reason"))
         read, last_log = 0, time.monotonic()
-        # This process only moves bytes and decides duplicates; workers parse, normalize and match.
         # Batches come back in input order, so "first occurrence kept" holds for any number of workers.
-        for batch in ordered_map(_prepare_in_worker, tasks, workers, initializer=_set_index, initargs=(index,)):
-            kept_rows, removed_rows = decider.split(batch)
-            kept.write(kept_rows)
-            removed.write(removed_rows)
-            read += batch.rows.num_rows
-            if time.monotonic() - last_log >= config.progress_seconds:
-                last_log = time.monotonic()
-                log.info("%d prompts read, %d kept, %.0f prompts/s", read, kept.rows, read / (last_log - started))
+        if workers > 1:  # workers parse, normalize and match; this process moves bytes and decides duplicates
+            batches = ordered_map(_prepare_in_worker, tasks, workers, initializer=_set_index, initargs=(index,))
+        else:  # one process: a thread reads, parses and normalizes the next chunk while this one matches and decides
+            parsed = read_ahead((read_chunk(*task) for task in tasks), depth=1)
+            batches = (PreparedBatch(rows.source, rows.rows, analyze_packed(index, rows.packed)) for rows in parsed)
+        # Parquet encoding releases the GIL: a writer thread takes it off this one, one batch behind at most.
+        with ThreadPoolExecutor(1, thread_name_prefix="curate-write") as writer:
+            writing: deque[Future[None]] = deque()
+            for batch in batches:
+                kept_rows, removed_rows = decider.split(batch)
+                writing.append(writer.submit(_write, kept, kept_rows, removed, removed_rows))
+                if len(writing) > 1:
+                    writing.popleft().result()
+                read += batch.rows.num_rows
+                if time.monotonic() - last_log >= config.progress_seconds:
+                    last_log = time.monotonic()
+                    log.info("%d prompts read, %d kept, %.0f prompts/s", read, kept.rows, read / (last_log - started))
+            for written in writing:
+                written.result()
         kept.close()
         removed.close()
         elapsed = time.monotonic() - started
