@@ -107,8 +107,15 @@ async def bare_client(url: str, texts: list[str], n: int, tokens: int, concurren
         nonlocal generated
         body = {"model": "m", "messages": [{"role": "user", "content": text}], "max_tokens": tokens, "seed": seed,
                 "temperature": 0.6, "top_p": 0.95}
-        async with gate, session.post(f"{url}/chat/completions", json=body) as response:
-            generated += int((await response.json())["usage"]["completion_tokens"])
+        async with gate:
+            for attempt in range(3):  # a kept-alive connection the server closed as it was reused: sent again, as the
+                try:              # endpoint backend retries it
+                    async with session.post(f"{url}/chat/completions", json=body) as response:
+                        generated += int((await response.json())["usage"]["completion_tokens"])
+                    return
+                except aiohttp.ServerDisconnectedError:
+                    if attempt == 2:
+                        raise
 
     started = time.perf_counter()
     async with aiohttp.ClientSession() as session:
