@@ -293,9 +293,6 @@ class SandboxPool:
         if os.geteuid() == 0 and not use_uid:
             log.warning("sandbox: running programs as root (slot_uid_base unset): only Landlock and seccomp "
                         "confine them, and RLIMIT_NPROC does not apply to root")
-        # From slot_uid_base upward, the first uids no other pool on this host holds (see slot_uids).
-        self._uid_claim = (UidClaim(self.config.slot_uid_base, workers)
-                           if use_uid and self.config.slot_uid_base is not None else None)
         self._own_root = workdir_root is None
         self.workdir_root = workdir_root or tempfile.mkdtemp(prefix="klear-sandbox-")
         os.chmod(self.workdir_root, 0o711)  # slot uids may enter their own job folders, not list them
@@ -316,6 +313,10 @@ class SandboxPool:
             seccomp_dir = str(Path(pyseccomp.__file__).parent)
         except (ImportError, OSError):
             seccomp_dir = ""
+        # From slot_uid_base upward, the first uids no other pool on this host holds (see slot_uids); claimed
+        # last, so that nothing fails between the claim and the block that closes the pool on failure.
+        self._uid_claim = (UidClaim(self.config.slot_uid_base, workers)
+                           if use_uid and self.config.slot_uid_base is not None else None)
         self._slots: queue.SimpleQueue[_Slot] = queue.SimpleQueue()
         self._all: list[_Slot] = []
         for i in range(workers):
