@@ -166,22 +166,38 @@ def choose(plan: Plan, scan: Scan) -> Chosen:
 
 def release_freed_memory() -> None:
     """Give the memory the scan and choose freed back to the system before sampling or writing: glibc keeps freed
-    heap chunks resident (once a large array has been freed, its adaptive mmap threshold puts arrays of up to 32 MiB
-    on the heap), so what comes next would pile on top of them instead of reusing them (malloc_trim; elsewhere
-    than glibc, Arrow's pool only)."""
+    heap chunks resident, so what comes next would pile on top of them instead of reusing them (malloc_trim;
+    elsewhere than glibc, Arrow's pool only)."""
     pa.default_memory_pool().release_unused()
-    if _MALLOC_TRIM is not None:
-        _MALLOC_TRIM(0)
+    if _LIBC is not None:
+        _LIBC.malloc_trim(0)
 
 
-def _malloc_trim() -> Callable[[int], int] | None:
+LARGE_ALLOCATION = 1 << 20  # bytes from which an allocation is mapped on its own (M_MMAP_THRESHOLD)
+_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number (malloc.h)
+
+
+def map_large_allocations(threshold: int = LARGE_ALLOCATION) -> bool:
+    """Map every allocation of `threshold` bytes or more on its own, so that freeing it hands it back at once.
+
+    glibc's default threshold moves: once a large array has been freed, arrays of up to 32 MiB go on the heap,
+    where a freed one stays resident until it is trimmed and the next, of another size, is put beside it. Which
+    arrays land on the heap then depends on the order earlier ones were freed, so the same restart peaked 85 to
+    171 B/unit from run to run (2.4M units, benchmarks/bench_sample_scale.py); with the threshold fixed, 78 to
+    83. Setting it also stops the moving (mallopt(3)). Returns whether it was set (glibc only)."""
+    return _LIBC is not None and _LIBC.mallopt(_M_MMAP_THRESHOLD, threshold) == 1
+
+
+def _libc() -> Any:
     try:
-        return ctypes.CDLL("libc.so.6").malloc_trim
+        libc = ctypes.CDLL("libc.so.6")
+        libc.malloc_trim, libc.mallopt  # noqa: B018 - both present: glibc
+        return libc
     except (OSError, AttributeError):
         return None
 
 
-_MALLOC_TRIM = _malloc_trim()
+_LIBC = _libc()
 
 
 LOCATE_ROWS = 1 << 16  # unit keys looked up at once (their temporaries: ~100 bytes each)

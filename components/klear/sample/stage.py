@@ -54,6 +54,7 @@ from klear.sample.coordinator import (
     choose,
     choose_backend,
     make_requests,
+    map_large_allocations,
     positions_of,
     release_freed_memory,
     sample_units,
@@ -103,6 +104,7 @@ def run(prompts: Sequence[str], output: str, config: SampleConfig, model: str | 
     # Arrow's default pool (mimalloc) keeps freed buffers resident: the work area's keys and the merge's buckets
     # would stay in RSS after use. The system allocator returns them (tens of millions of units at paper scale).
     pa.set_memory_pool(pa.system_memory_pool())
+    map_large_allocations()  # and each large buffer as soon as it is freed, not when the heap is next trimmed
     if slice_spec is not None and merge:
         raise ValueError("--slice and --merge exclude each other: slices sample, the merge publishes")
     part = parse_slice(slice_spec) if slice_spec is not None else None
