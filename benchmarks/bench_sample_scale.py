@@ -29,6 +29,11 @@ versions, with the ratios today / earlier per repeat. `--small`: 10,000 prompts 
 (default: a ~25-byte line): a teacher row is ~30 KB, so `--response-bytes 30000` measures a merge of realistic rows
 (rows/s and MB/s of response text) instead of the bookkeeping alone.
 
+Measured 2026-12-07, `python benchmarks/bench_sample_scale.py --legacy-ref '' --repeat 3` (AMD EPYC, 2 cores, otherwise
+idle; allocations of 1 MiB or more mapped on their own, coordinator.map_large_allocations): peak 66 (66-66) B/unit
+first run, 82 (82-83) restart, 108 (108-110) merge; restart to the first request 5.0 s; merge 39,484 rows/s. Before
+that setting the restart's peak varied with glibc's moving mmap threshold: 109 (106-200) B/unit the same morning.
+
 Measured 2026-12-06, `python benchmarks/bench_sample_scale.py --legacy-ref '' --repeat 3` (machine: AMD EPYC, 2 cores
 usable, avx2=yes avx512f=yes avx512_bf16=yes avx512_vnni=yes amx_bf16=no amx_tile=no; load 7-9, shared): peak
 65 (63-65) B/unit first run, 92 (90-109) restart, 112 (107-113) merge; coordinator state after the scan 34 (34-34)

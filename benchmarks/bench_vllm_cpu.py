@@ -4,8 +4,10 @@
 
 1. offline: output tokens/s of `klear sample --set backend=vllm` (its sampling phase) against `LLM.chat` on the
    same prompts, chat template, n, seeds and lengths (target >= 0.95x: the stage adds nothing measurable);
-2. endpoint: `klear sample --endpoint` against the teacher's vLLM server, and the same requests sent straight to
-   that server by a bare aiohttp loop at the same concurrency;
+2. endpoint: `klear sample --endpoint` against the teacher's vLLM server, and the same requests (prompts, settings,
+   the stage's per-unit seeds) sent straight to that server by a bare aiohttp loop at the same concurrency; with
+   each side's client CPU per request (the stage's `process_cpu_s`) and its requests sent again after the server
+   closed their connection;
 3. GPPO: seconds per step of the tiny-math preset with colocated vLLM rollouts (weight sync checked) against
    transformers rollouts;
 4. long tail: one sample in 50 ten times longer (the context, max_model_len 512, ends every sample: a 17-token
@@ -95,16 +97,21 @@ def start_server(model: str, port: int, log: Path) -> subprocess.Popen[bytes]:
     raise SystemExit(f"the vLLM server did not come up:\n{log.read_text()[-3000:]}")
 
 
-async def bare_client(url: str, texts: list[str], n: int, tokens: int, concurrency: int) -> float:
-    """The same chat requests as the endpoint backend sends (one per sample), nothing else."""
+async def bare_client(url: str, texts: list[str], n: int, tokens: int, concurrency: int,
+                      client: dict[str, float] | None = None) -> float:
+    """The same chat requests as the endpoint backend sends (one per sample, prompt q{i}'s sample j with the
+    stage's seed for it at seed 0), nothing else: output tokens/s. `client`: filled with this loop's CPU seconds and
+    its requests sent again on a closed connection."""
     import aiohttp
 
-    jobs = [(t, j) for t in texts for j in range(n)]
-    generated = 0
+    from klear.sample.units import unit_seed
+
+    jobs = [(t, unit_seed(0, f"q{i}", j)) for i, t in enumerate(texts) for j in range(n)]
+    generated = resent = 0
     gate = asyncio.Semaphore(concurrency)
 
     async def one(session: aiohttp.ClientSession, text: str, seed: int) -> None:
-        nonlocal generated
+        nonlocal generated, resent
         body = {"model": "m", "messages": [{"role": "user", "content": text}], "max_tokens": tokens, "seed": seed,
                 "temperature": 0.6, "top_p": 0.95}
         async with gate:
@@ -114,12 +121,15 @@ async def bare_client(url: str, texts: list[str], n: int, tokens: int, concurren
                         generated += int((await response.json())["usage"]["completion_tokens"])
                     return
                 except aiohttp.ServerDisconnectedError:
+                    resent += 1
                     if attempt == 2:
                         raise
 
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     async with aiohttp.ClientSession() as session:
         await asyncio.gather(*(one(session, t, j) for t, j in jobs))
+    if client is not None:
+        client.update(cpu_s=time.process_time() - cpu_started, resent=resent)
     return generated / (time.perf_counter() - started)
 
 
@@ -234,22 +244,35 @@ def main() -> None:
             server = start_server(model, port, work / "server.log")
             url = f"http://127.0.0.1:{port}/v1"
 
+            clients: dict[str, list[dict[str, float]]] = {"klear sample": [], "bare aiohttp": []}
+
             def klear_endpoint() -> float:
                 out = work / f"endpoint-{next(runs)}"
                 klear("sample", "--prompts", str(work / "prompts.jsonl"), "--output", str(out), "--endpoint", url,
                       "--served-model", "m", "--config", "tiny", "--set", f"n={args.n}", "--set",
                       f"max_tokens={args.tokens}", "--set", "concurrency=32")
-                return float(json.loads((out / "report.json").read_text())["speed"]["tokens_per_s"])
+                speed = json.loads((out / "report.json").read_text())["speed"]
+                clients["klear sample"].append({"cpu_s": speed["process_cpu_s"], "resent": speed["retries"]})
+                return float(speed["tokens_per_s"])
+
+            def bare_endpoint() -> float:
+                clients["bare aiohttp"].append({})
+                return asyncio.run(bare_client(url, texts, args.n, args.tokens, 32, clients["bare aiohttp"][-1]))
 
             try:
                 asyncio.run(bare_client(url, texts, 1, 8, 32))  # warm-up: first requests and the prompts' prefix cache
-                endpoint_runs = list(interleaved(args.repeat, klear_endpoint,
-                                                 lambda: asyncio.run(bare_client(url, texts, args.n, args.tokens, 32))))
+                endpoint_runs = list(interleaved(args.repeat, klear_endpoint, bare_endpoint))
             finally:
                 server.terminate()
                 server.wait(timeout=60)
             figures["endpoint"] = pair(f"2. endpoint, {shape}, 32 in flight:", "klear sample", "bare aiohttp",
                                        endpoint_runs, "tok/s")
+            requests = args.prompts * args.n
+            for side, stats in clients.items():  # the client's own cost, and the server's stalls it met
+                print("  " + spread(f"{side}, client CPU ms per request", [1000 * c["cpu_s"] / requests for c in stats]))
+                print("  " + spread(f"{side}, requests sent again (server closed the connection)",
+                                    [c["resent"] for c in stats], digits=0))
+            figures["endpoint"]["clients"] = clients
 
         if "gppo" in parts:
             generate(str(work / "demo"), math_count=120, code_count=8, seed=0, arithmetic_count=0, benchmark_count=0)

@@ -61,6 +61,7 @@ def test_every_fault_is_retried_and_every_reasoning_shape_normalized(fake_server
     assert fake_server.requests == 24 + 2 * 6 + 2  # the retries of six faulty plans, twice each for "err"
     assert time.monotonic() - started >= 1.0  # Retry-After: 1 was honoured
     assert report["speed"]["retries"] == 14
+    assert 0 < report["speed"]["process_cpu_s"] < report["speed"]["sampling_s"] * 4  # this process, a few threads
     published = storage.read_manifest(str(tmp_path / "out"))
     assert {"samples/part-00000.parquet", "failed/part-00000.parquet", "report.json", "report.md"} <= set(published.files)
 

@@ -93,14 +93,11 @@ def run_slice(part: tuple[int, int], prompts: Sequence[str], out: storage.Uri, a
 
 def slice_report(part: tuple[int, int], out: storage.Uri, area: WorkArea, backend: Backend, digest: str, total: int,
                  done_before: int, progress: Progress, failed: list[dict[str, Any]], started: float) -> dict[str, Any]:
-    sampling_s, samples_per_s, tokens_per_s = progress.rates()
     return {"stage": "sample", "slice": f"{part[0]}/{part[1]}", "published": False, "output": str(out),
             "work": str(area), "backend": backend.describe(), "settings_hash": digest,
             "units": {"total": total, "done_before": done_before, "sampled": progress.ok, "failed": len(failed)},
             "failures": {"by_kind": dict(Counter(r["error_kind"] for r in failed)), "units": failed[:FAILED_LISTED]},
-            "speed": {"elapsed_s": round(time.monotonic() - started, 3), "sampling_s": round(sampling_s, 3),
-                      "samples_per_s": round(samples_per_s, 3), "tokens_per_s": round(tokens_per_s, 1),
-                      "requests": progress.attempts}}
+            "speed": progress.speed(time.monotonic() - started)}
 
 
 @dataclasses.dataclass
@@ -242,7 +239,6 @@ def build_report(*, prompts: Sequence[str], output: str, work: str, backend: Bac
                  settings: dict[str, Any], digest: str, n_prompts: int, total: int, done_before: int,
                  progress: Progress, failed: list[dict[str, Any]], assembled: Assembled, elapsed: float,
                  scan_duplicates: int, published: bool) -> dict[str, Any]:
-    sampling_s, samples_per_s, tokens_per_s = progress.rates()
     rows = assembled.rows
     finish = dict(assembled.finish_reasons)
     described = backend.describe()
@@ -274,9 +270,7 @@ def build_report(*, prompts: Sequence[str], output: str, work: str, backend: Bac
                    "mean_completion": round(assembled.completion_tokens / rows, 1) if rows else None,
                    "finish_reasons": finish,
                    "truncated_fraction": round(finish.get("length", 0) / rows, 4) if rows else None},
-        "speed": {"elapsed_s": round(elapsed, 3), "sampling_s": round(sampling_s, 3),
-                  "samples_per_s": round(samples_per_s, 3), "tokens_per_s": round(tokens_per_s, 1),
-                  "requests": progress.attempts, "retries": progress.attempts - progress.ok - progress.failed},
+        "speed": progress.speed(elapsed),
     }
 
 

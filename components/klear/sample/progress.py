@@ -7,6 +7,7 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 from klear.common.tracking import format_duration
 from klear.sample.backends.base import Completion
@@ -26,6 +27,8 @@ class Progress:
     attempts: int = 0
     failed_kinds: Counter[str] = field(default_factory=Counter)
     ended: float | None = None  # set when sampling is over: the rates stop there
+    cpu_started: float = field(default_factory=time.process_time)
+    cpu_ended: float | None = None
 
     def add(self, completion: Completion) -> None:
         self.attempts += completion.attempts
@@ -37,13 +40,24 @@ class Progress:
             self.failed_kinds[completion.error_kind] += 1
 
     def finish(self) -> None:
-        self.ended = time.monotonic()
+        self.ended, self.cpu_ended = time.monotonic(), time.process_time()
 
     def rates(self, now: float | None = None) -> tuple[float, float, float]:
         """(elapsed s, samples/s, tokens/s) of this process."""
         end = now if now is not None else self.ended if self.ended is not None else time.monotonic()
         elapsed = max(end - self.started, 1e-9)
         return elapsed, self.ok / elapsed, self.completion_tokens / elapsed
+
+    def speed(self, elapsed: float) -> dict[str, Any]:
+        """The report's speed figures; `elapsed`: the whole run's seconds. process_cpu_s: the CPU time of this
+        process (all its threads) while it sampled: what the client itself costs beside a server or an engine's
+        own processes."""
+        sampling_s, samples_per_s, tokens_per_s = self.rates()
+        cpu_end = self.cpu_ended if self.cpu_ended is not None else time.process_time()
+        return {"elapsed_s": round(elapsed, 3), "sampling_s": round(sampling_s, 3),
+                "samples_per_s": round(samples_per_s, 3), "tokens_per_s": round(tokens_per_s, 1),
+                "requests": self.attempts, "retries": self.attempts - self.ok - self.failed,
+                "process_cpu_s": round(cpu_end - self.cpu_started, 3)}
 
     def line(self, now: float | None = None) -> str:
         elapsed, per_s, tokens_per_s = self.rates(now)

@@ -55,6 +55,8 @@ def render_markdown(report: dict[str, Any]) -> str:
         f"| requests / retries | {speed['requests']} / {speed['retries']} |",
         f"| time | {speed['elapsed_s']} s |",
     ]
+    if "process_cpu_s" in speed:  # reports before it was recorded have none
+        lines.insert(-1, f"| CPU of this process while sampling | {speed['process_cpu_s']} s |")
     if units.get("model_mismatch"):
         lines += ["", f"**{units['model_mismatch']} samples name another model than "
                   f"{backend.get('served_model')!r}** (allow_model_mismatch): {report.get('models')}"]
