@@ -3,11 +3,14 @@
     .venv-vllm/bin/python benchmarks/bench_vllm_cpu.py [--prompts 64] [--n 4] [--tokens 64] [--repeat 3]
 
 1. offline: output tokens/s of `klear sample --set backend=vllm` (its sampling phase) against `LLM.chat` on the
-   same prompts, chat template, n, seeds and lengths (target >= 0.95x: the stage adds nothing measurable);
+   same prompts, chat template, n, seeds and lengths (target >= 0.95x: the stage adds nothing measurable), and the
+   CPU each side's own process spends meanwhile (the engine's processes aside);
 2. endpoint: `klear sample --endpoint` against the teacher's vLLM server, and the same requests (prompts, settings,
    the stage's per-unit seeds) sent straight to that server by a bare aiohttp loop at the same concurrency; with
    each side's client CPU per request (the stage's `process_cpu_s`) and its requests sent again after the server
-   closed their connection;
+   closed their connection. The server runs on its own CPUs (`--server-cpus`, the last of this process's) and the
+   clients on the others, as a teacher pod and a sampling pod do: sharing cores, the server's speed swings with
+   where the clients land and the comparison measures that rather than the client;
 3. GPPO: seconds per step of the tiny-math preset with colocated vLLM rollouts (weight sync checked) against
    transformers rollouts;
 4. long tail: one sample in 50 ten times longer (the context, max_model_len 512, ends every sample: a 17-token
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
 import json
 import os
@@ -34,6 +38,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -57,26 +62,52 @@ def write_prompts(path: Path, count: int) -> list[str]:
     return texts
 
 
-def klear_offline(model: str, prompts: Path, out: Path, n: int, tokens: int) -> float:
+def klear_offline(model: str, prompts: Path, out: Path, n: int, tokens: int, cpu: list[float]) -> float:
+    """Output tokens/s of the stage's sampling phase; appends to `cpu` its process's CPU seconds meanwhile."""
     klear("sample", "--prompts", str(prompts), "--output", str(out), "--model", model, "--config", "tiny-vllm-cpu",
           "--set", "backend=vllm", "--set", f"n={n}", "--set", f"max_tokens={tokens}", "--set", "batch_prompts=100000")
-    return float(json.loads((out / "report.json").read_text())["speed"]["tokens_per_s"])
+    speed = json.loads((out / "report.json").read_text())["speed"]
+    cpu.append(float(speed["process_cpu_s"]))
+    return float(speed["tokens_per_s"])
 
 
-def vllm_offline(model: str, texts: list[str], n: int, tokens: int) -> float:
-    """vLLM alone: one LLM.chat call, as the backend makes it (engine settings of the tiny-vllm-cpu preset)."""
+def vllm_offline(model: str, texts: list[str], n: int, tokens: int, cpu: list[float]) -> float:
+    """vLLM alone: one LLM.chat call, as the backend makes it (engine settings of the tiny-vllm-cpu preset); appends
+    to `cpu` this process's CPU seconds during the call (LLM's front end: the engine runs in processes of its own)."""
     from vllm import LLM, SamplingParams
 
     llm = LLM(model=model, enforce_eager=True, enable_prefix_caching=True, seed=0, kv_cache_memory_bytes=2**30,
               enable_chunked_prefill=False)
     params = [SamplingParams(n=n, seed=i, temperature=0.6, top_p=0.95, max_tokens=tokens, detokenize=False)
               for i in range(len(texts))]
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     outputs = llm.chat([[{"role": "user", "content": t}] for t in texts], sampling_params=params, use_tqdm=False)
     elapsed = time.perf_counter() - started
+    cpu.append(time.process_time() - cpu_started)
     generated = sum(len(c.token_ids) for o in outputs for c in o.outputs)
     del llm
     return generated / elapsed
+
+
+def split_cpus(available: set[int], server: int) -> tuple[set[int], set[int]]:
+    """The server's CPUs (the last `server` of `available`) and the clients' (the others); `server` 0: both get all."""
+    ordered = sorted(available)
+    if server == 0:
+        return set(ordered), set(ordered)
+    if not 0 < server < len(ordered):
+        raise SystemExit(f"--server-cpus {server}: this process may use {len(ordered)} CPUs, and the clients need one")
+    return set(ordered[-server:]), set(ordered[:-server])
+
+
+@contextlib.contextmanager
+def on_cpus(cpus: set[int]) -> Iterator[None]:
+    """This thread, and the processes it starts, on `cpus` (vLLM's CPU worker binds inside the set it is given)."""
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cpus)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
 
 
 def start_server(model: str, port: int, log: Path) -> subprocess.Popen[bytes]:
@@ -214,6 +245,9 @@ def main() -> None:
     parser.add_argument("--tail-prompts", type=int, default=200)
     parser.add_argument("--chunk", type=int, default=32, help="prompts per chunk of the chunked feed (4.)")
     parser.add_argument("--parts", default="offline,endpoint,gppo,tail", help="which of the parts to run")
+    parser.add_argument("--server-cpus", type=int, default=None,
+                        help="CPUs for the vLLM server in the endpoint part, the last of this process's; the clients "
+                             "get the others (default: half, rounded down; 0: server and clients share every CPU)")
     add_repeat_argument(parser)
     args = parser.parse_args()
     parts = set(args.parts.split(","))
@@ -232,16 +266,25 @@ def main() -> None:
         shape = f"{args.prompts} prompts x n={args.n}, {args.tokens} new tokens"
 
         if "offline" in parts:
+            front_end: dict[str, list[float]] = {"klear sample": [], "LLM.chat": []}  # CPU s of the caller's process
             figures["offline"] = pair(f"1. offline, {shape}:", "klear sample", "LLM.chat", list(interleaved(
                 args.repeat,
-                lambda: klear_offline(model, work / "prompts.jsonl", work / f"offline-{next(runs)}", args.n, args.tokens),
-                lambda: vllm_offline(model, texts, args.n, args.tokens))), "tok/s")
+                lambda: klear_offline(model, work / "prompts.jsonl", work / f"offline-{next(runs)}", args.n, args.tokens,
+                                      front_end["klear sample"]),
+                lambda: vllm_offline(model, texts, args.n, args.tokens, front_end["LLM.chat"]))), "tok/s")
+            for side, seconds in front_end.items():
+                print("  " + spread(f"{side}, its process's CPU while sampling, s", seconds))
+            figures["offline"]["front_end_cpu_s"] = front_end
 
         if "endpoint" in parts:
             from tests.conftest import free_port
 
+            available = os.sched_getaffinity(0)
+            server_cpus, client_cpus = split_cpus(
+                available, len(available) // 2 if args.server_cpus is None else args.server_cpus)
             port = free_port()
-            server = start_server(model, port, work / "server.log")
+            with on_cpus(server_cpus):
+                server = start_server(model, port, work / "server.log")
             url = f"http://127.0.0.1:{port}/v1"
 
             clients: dict[str, list[dict[str, float]]] = {"klear sample": [], "bare aiohttp": []}
@@ -260,19 +303,22 @@ def main() -> None:
                 return asyncio.run(bare_client(url, texts, args.n, args.tokens, 32, clients["bare aiohttp"][-1]))
 
             try:
-                asyncio.run(bare_client(url, texts, 1, 8, 32))  # warm-up: first requests and the prompts' prefix cache
-                endpoint_runs = list(interleaved(args.repeat, klear_endpoint, bare_endpoint))
+                with on_cpus(client_cpus):
+                    asyncio.run(bare_client(url, texts, 1, 8, 32))  # warm-up: first requests, the prompts' prefix cache
+                    endpoint_runs = list(interleaved(args.repeat, klear_endpoint, bare_endpoint))
             finally:
                 server.terminate()
                 server.wait(timeout=60)
-            figures["endpoint"] = pair(f"2. endpoint, {shape}, 32 in flight:", "klear sample", "bare aiohttp",
-                                       endpoint_runs, "tok/s")
+            placement = (f"server on CPUs {sorted(server_cpus)}, clients on {sorted(client_cpus)}"
+                         if server_cpus != client_cpus else "server and clients sharing every CPU")
+            figures["endpoint"] = pair(f"2. endpoint, {shape}, 32 in flight, {placement}:", "klear sample",
+                                       "bare aiohttp", endpoint_runs, "tok/s")
             requests = args.prompts * args.n
             for side, stats in clients.items():  # the client's own cost, and the server's stalls it met
                 print("  " + spread(f"{side}, client CPU ms per request", [1000 * c["cpu_s"] / requests for c in stats]))
                 print("  " + spread(f"{side}, requests sent again (server closed the connection)",
                                     [c["resent"] for c in stats], digits=0))
-            figures["endpoint"]["clients"] = clients
+            figures["endpoint"].update(clients=clients, server_cpus=sorted(server_cpus), client_cpus=sorted(client_cpus))
 
         if "gppo" in parts:
             generate(str(work / "demo"), math_count=120, code_count=8, seed=0, arithmetic_count=0, benchmark_count=0)

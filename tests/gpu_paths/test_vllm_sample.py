@@ -5,14 +5,17 @@ catches chat-template, EOS and special-token drift between training and sampling
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 
 from klear.sample.stage import iter_rows
-from tests.gpu_paths.conftest import klear, write_prompts
+from tests.gpu_paths.conftest import VLLM_ENV, klear, write_prompts
 
 pytestmark = [pytest.mark.vllm_cpu, pytest.mark.slow]
 
@@ -102,3 +105,18 @@ def test_two_engines_fed_continuously_write_each_unit_when_it_finishes(vllm_mode
     # The long unit went in first; with chunks of batch_prompts it would have been among the first 4 rows written.
     # Fed continuously, the other slots kept taking short units while it ran: most were written before it.
     assert order.index("long") >= 20, order
+
+
+def test_a_refused_prompt_fails_alone_and_an_engine_failure_ends_the_call(vllm_model: str) -> None:
+    done = subprocess.run([sys.executable, str(Path(__file__).with_name("feed_probe.py")), vllm_model],
+                          capture_output=True, text=True, env={**os.environ, **VLLM_ENV}, timeout=400)
+    assert done.returncode == 0, done.stderr[-4000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    refused = {(pid, sample): (ok, kind) for pid, sample, ok, kind in result["refused"]}
+    assert refused.pop(("long", 0)) == refused.pop(("long", 1)) == (False, "invalid_request")
+    assert sorted(refused) == [(f"q{i}", j) for i in range(6) for j in range(2)]
+    assert all(ok for ok, _ in refused.values())
+    failed = result["failed"]
+    assert failed["error"] and "the engine failed: engine core died" in failed["error"]
+    assert all(ok for _, _, ok in failed["yielded"]) and ["q3", 1, True] not in failed["yielded"]
+    assert failed["seconds"] < 60
