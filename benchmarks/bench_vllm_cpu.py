@@ -2,9 +2,11 @@
 
     .venv-vllm/bin/python benchmarks/bench_vllm_cpu.py [--prompts 64] [--n 4] [--tokens 64] [--repeat 3]
 
-1. offline: output tokens/s of `klear sample --set backend=vllm` (its sampling phase) against `LLM.chat` on the
-   same prompts, chat template, n, seeds and lengths (target >= 0.95x: the stage adds nothing measurable), and the
-   CPU each side's own process spends meanwhile (the engine's processes aside);
+1. offline: output tokens/s of `klear sample --set backend=vllm` (its sampling phase, writing shards of
+   `--shard-size` units) against `LLM.chat` on the same prompts, chat template, n, seeds and lengths (target
+   >= 0.95x: the stage adds nothing measurable), and the CPU each side's own process spends meanwhile (the engine's
+   processes aside); with `--async-alone` also vLLM's AsyncLLM driven as the backend drives it and nothing else,
+   which splits the ratio into what the stage adds to that API and what the API itself costs against `LLM.chat`;
 2. endpoint: `klear sample --endpoint` against the teacher's vLLM server, and the same requests (prompts, settings,
    the stage's per-unit seeds) sent straight to that server by a bare aiohttp loop at the same concurrency; with
    each side's client CPU per request (the stage's `process_cpu_s`) and its requests sent again after the server
@@ -30,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import itertools
 import json
 import os
@@ -38,7 +41,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -62,10 +65,12 @@ def write_prompts(path: Path, count: int) -> list[str]:
     return texts
 
 
-def klear_offline(model: str, prompts: Path, out: Path, n: int, tokens: int, cpu: list[float]) -> float:
+def klear_offline(model: str, prompts: Path, out: Path, n: int, tokens: int, shard_size: int,
+                  cpu: list[float]) -> float:
     """Output tokens/s of the stage's sampling phase; appends to `cpu` its process's CPU seconds meanwhile."""
     klear("sample", "--prompts", str(prompts), "--output", str(out), "--model", model, "--config", "tiny-vllm-cpu",
-          "--set", "backend=vllm", "--set", f"n={n}", "--set", f"max_tokens={tokens}", "--set", "batch_prompts=100000")
+          "--set", "backend=vllm", "--set", f"n={n}", "--set", f"max_tokens={tokens}", "--set", "batch_prompts=100000",
+          "--set", f"shard_size={shard_size}")
     speed = json.loads((out / "report.json").read_text())["speed"]
     cpu.append(float(speed["process_cpu_s"]))
     return float(speed["tokens_per_s"])
@@ -87,6 +92,49 @@ def vllm_offline(model: str, texts: list[str], n: int, tokens: int, cpu: list[fl
     generated = sum(len(c.token_ids) for o in outputs for c in o.outputs)
     del llm
     return generated / elapsed
+
+
+def async_offline(model: str, texts: list[str], n: int, tokens: int, cpu: list[float]) -> float:
+    """vLLM's AsyncLLM alone, driven as the backend drives it and nothing else: the same engine settings, one seeded
+    request per unit as token ids (the chat template rendered first), all submitted at once, final outputs only;
+    no feeder, shards or decoding. Tells what the stage adds to the engine API it uses apart from what that API
+    costs against `LLM.chat`. Appends to `cpu` this process's CPU seconds during the sampling."""
+    from vllm import SamplingParams
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.inputs import tokens_input
+    from vllm.sampling_params import RequestOutputKind
+    from vllm.usage.usage_lib import UsageContext
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    async def run() -> float:
+        engine = AsyncLLM.from_engine_args(
+            AsyncEngineArgs(model=model, enforce_eager=True, enable_prefix_caching=True, seed=0,
+                            kv_cache_memory_bytes=2**30, enable_chunked_prefill=False, disable_log_stats=True),
+            usage_context=UsageContext.LLM_CLASS)
+        try:
+            await engine.get_supported_tasks()
+            tokenizer = engine.get_tokenizer()
+            ids = [tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": t}], tokenize=False,
+                                                                  add_generation_prompt=True), add_special_tokens=False)
+                   for t in texts]
+
+            async def one(prompt_ids: list[int], unit: int) -> int:
+                params = SamplingParams(n=1, seed=unit, temperature=0.6, top_p=0.95, max_tokens=tokens,
+                                        detokenize=False, output_kind=RequestOutputKind.FINAL_ONLY)
+                final = None
+                async for output in engine.generate(tokens_input(prompt_ids), params, request_id=f"u{unit}"):
+                    final = output
+                return len(final.outputs[0].token_ids) if final is not None else 0
+
+            started, cpu_started = time.perf_counter(), time.process_time()
+            generated = await asyncio.gather(*(one(p, n * i + j) for i, p in enumerate(ids) for j in range(n)))
+            elapsed = time.perf_counter() - started
+            cpu.append(time.process_time() - cpu_started)
+            return sum(generated) / elapsed
+        finally:
+            engine.shutdown()
+
+    return asyncio.run(run())
 
 
 def split_cpus(available: set[int], server: int) -> tuple[set[int], set[int]]:
@@ -227,6 +275,27 @@ def pair(label: str, ours_name: str, theirs_name: str, runs: list[tuple[float, f
     return {ours_name: ours, theirs_name: theirs, "ratio": [a / b for a, b in runs]}
 
 
+def offline_figures(label: str, sides: dict[str, Callable[[list[float]], float]], repeat: int) -> dict[str, Any]:
+    """Part 1: every side `repeat` times in turns; prints each side's tok/s and its process's CPU, the stage against
+    LLM.chat (the goal) and, with AsyncLLM alone, each of the two against it; returns every run's figures."""
+    cpu: dict[str, list[float]] = {name: [] for name in sides}
+    rounds = list(in_turns(repeat, [functools.partial(run, cpu[name]) for name, run in sides.items()]))
+    speed = {name: [r[i] for r in rounds] for i, name in enumerate(sides)}
+    print(label)
+    for name in sides:
+        print("  " + spread(f"{name}, tok/s", speed[name], digits=0))
+    figures: dict[str, Any] = {**speed, "front_end_cpu_s": cpu}
+    ratios = [("klear sample", "LLM.chat")] + ([("klear sample", "AsyncLLM alone"), ("AsyncLLM alone", "LLM.chat")]
+                                               if "AsyncLLM alone" in sides else [])
+    for ours, theirs in ratios:
+        per_round = [a / b for a, b in zip(speed[ours], speed[theirs], strict=True)]
+        print("  " + spread(f"{ours} / {theirs}", per_round, "x"))
+        figures["ratio" if theirs == "LLM.chat" and ours == "klear sample" else f"{ours} / {theirs}"] = per_round
+    for name, seconds in cpu.items():
+        print("  " + spread(f"{name}, its process's CPU while sampling, s", seconds), flush=True)
+    return figures
+
+
 def gppo_seconds_per_step(model: str, data: Path, out: Path, use_vllm: bool, steps: int) -> float:
     sets = [f"use_vllm={str(use_vllm).lower()}", f"max_steps={steps}", "save_steps=1000",
             "reward.scorer=tests.gppo.toy_scorers:digit_fraction", *(["vllm_sync_tolerance=0.05"] if use_vllm else [])]
@@ -245,6 +314,12 @@ def main() -> None:
     parser.add_argument("--tail-prompts", type=int, default=200)
     parser.add_argument("--chunk", type=int, default=32, help="prompts per chunk of the chunked feed (4.)")
     parser.add_argument("--parts", default="offline,endpoint,gppo,tail", help="which of the parts to run")
+    parser.add_argument("--async-alone", action="store_true",
+                        help="part 1 also runs AsyncLLM alone (the engine API the backend drives, nothing of the stage)"
+                             " and prints the stage and LLM.chat against it")
+    parser.add_argument("--shard-size", type=int, default=256,
+                        help="units per shard `klear sample` writes in parts 1 and 2 (default 256: the paper preset's; "
+                             "the tiny presets write 16 so that tests see many shards)")
     parser.add_argument("--server-cpus", type=int, default=None,
                         help="CPUs for the vLLM server in the endpoint part, the last of this process's; the clients "
                              "get the others (default: half, rounded down; 0: server and clients share every CPU)")
@@ -263,18 +338,16 @@ def main() -> None:
         build(str(work / "model"), "vllm")
         model = str(work / "model")
         texts = write_prompts(work / "prompts.jsonl", args.prompts)
-        shape = f"{args.prompts} prompts x n={args.n}, {args.tokens} new tokens"
+        shape = f"{args.prompts} prompts x n={args.n}, {args.tokens} new tokens, shards of {args.shard_size}"
 
         if "offline" in parts:
-            front_end: dict[str, list[float]] = {"klear sample": [], "LLM.chat": []}  # CPU s of the caller's process
-            figures["offline"] = pair(f"1. offline, {shape}:", "klear sample", "LLM.chat", list(interleaved(
-                args.repeat,
-                lambda: klear_offline(model, work / "prompts.jsonl", work / f"offline-{next(runs)}", args.n, args.tokens,
-                                      front_end["klear sample"]),
-                lambda: vllm_offline(model, texts, args.n, args.tokens, front_end["LLM.chat"]))), "tok/s")
-            for side, seconds in front_end.items():
-                print("  " + spread(f"{side}, its process's CPU while sampling, s", seconds))
-            figures["offline"]["front_end_cpu_s"] = front_end
+            sides: dict[str, Callable[[list[float]], float]] = {  # name: one run's tok/s, appending its CPU s
+                "klear sample": lambda cpu: klear_offline(model, work / "prompts.jsonl", work / f"offline-{next(runs)}",
+                                                          args.n, args.tokens, args.shard_size, cpu),
+                "LLM.chat": lambda cpu: vllm_offline(model, texts, args.n, args.tokens, cpu),
+                **({"AsyncLLM alone": lambda cpu: async_offline(model, texts, args.n, args.tokens, cpu)}
+                   if args.async_alone else {})}
+            figures["offline"] = offline_figures(f"1. offline, {shape}:", sides, args.repeat)
 
         if "endpoint" in parts:
             from tests.conftest import free_port
@@ -293,7 +366,7 @@ def main() -> None:
                 out = work / f"endpoint-{next(runs)}"
                 klear("sample", "--prompts", str(work / "prompts.jsonl"), "--output", str(out), "--endpoint", url,
                       "--served-model", "m", "--config", "tiny", "--set", f"n={args.n}", "--set",
-                      f"max_tokens={args.tokens}", "--set", "concurrency=32")
+                      f"max_tokens={args.tokens}", "--set", "concurrency=32", "--set", f"shard_size={args.shard_size}")
                 speed = json.loads((out / "report.json").read_text())["speed"]
                 clients["klear sample"].append({"cpu_s": speed["process_cpu_s"], "resent": speed["retries"]})
                 return float(speed["tokens_per_s"])

@@ -2,6 +2,9 @@
 its engine core: the caller needs a clean `__main__`). Prints one JSON object:
 
 - `refused`: one call where a prompt is longer than max_model_len: that unit fails alone, the others are answered;
+- `engine_calls`: what that call's units cost the front end besides their requests: round trips to the engine
+  process for its supported tasks (asked once when the backend starts, or once per unit submitted before the first
+  answer) and hand-offs to vLLM's renderer threads (token ids passed as a rendered input need none);
 - `failed`: one call where the engine raises for one unit: the call ends in BackendError, every other unit it
   yielded first is a real completion, and the call returns rather than waiting on the units still in flight.
 
@@ -34,6 +37,18 @@ def requests(texts: dict[str, str]) -> list[Request]:
     return out
 
 
+def count_calls(owner: Any, name: str, calls: dict[str, int]) -> None:
+    """Count the calls of `owner.name` (an instance's method or attribute) from now on."""
+    method = getattr(owner, name)
+    calls[name] = 0
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        calls[name] += 1
+        return method(*args, **kwargs)
+
+    setattr(owner, name, counting)
+
+
 def main(model: str) -> None:
     config = load_config(SampleConfig, "tiny-vllm-cpu", ["max_tokens=16", "max_model_len=128", f"n={N}"])
     texts = {f"q{i}": f"What is {i} + {i + 3}?" for i in range(6)}
@@ -42,7 +57,11 @@ def main(model: str) -> None:
         backend = VLLMBackend(model, config, stack)
         stack.callback(backend.close)
 
+        calls: dict[str, int] = {}
+        count_calls(backend.engine.engine_core, "get_supported_tasks_async", calls)
+        count_calls(backend.engine.input_processor, "process_inputs_async", calls)
         answers = list(backend.generate(requests({**texts, "long": "word " * 400})))
+        result["engine_calls"] = calls
         result["refused"] = sorted((a.request.prompt.id, a.request.sample, a.ok, a.error_kind) for a in answers)
 
         generate = backend.engine.generate

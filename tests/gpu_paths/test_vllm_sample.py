@@ -116,6 +116,7 @@ def test_a_refused_prompt_fails_alone_and_an_engine_failure_ends_the_call(vllm_m
     assert refused.pop(("long", 0)) == refused.pop(("long", 1)) == (False, "invalid_request")
     assert sorted(refused) == [(f"q{i}", j) for i in range(6) for j in range(2)]
     assert all(ok for ok, _ in refused.values())
+    assert result["engine_calls"] == {"get_supported_tasks_async": 0, "process_inputs_async": 0}
     failed = result["failed"]
     assert failed["error"] and "the engine failed: engine core died" in failed["error"]
     assert all(ok for _, _, ok in failed["yielded"]) and ["q3", 1, True] not in failed["yielded"]

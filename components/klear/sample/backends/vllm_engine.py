@@ -125,6 +125,7 @@ class VLLMBackend:
     async def _feed(self, requests: Sequence[Request], answers: queue.Queue[Any], call: str) -> None:
         from vllm import SamplingParams
         from vllm.exceptions import VLLMClientError
+        from vllm.inputs import tokens_input
         from vllm.sampling_params import RequestOutputKind
 
         config = self.config
@@ -152,8 +153,11 @@ class VLLMBackend:
                                     max_tokens=config.max_tokens, detokenize=False,
                                     output_kind=RequestOutputKind.FINAL_ONLY)
             try:
+                # Token ids as a rendered input (tokens_input): vLLM checks them and takes them as they are. A bare
+                # {"prompt_token_ids": ...} goes through its renderer on a thread pool first: a thread hand-off
+                # and an event-loop wake-up per unit, front-end CPU that competes with the engine's own loop.
                 final = await _last(self.engine.generate(
-                    {"prompt_token_ids": prompt_ids}, params, request_id=f"{call}-{first.prompt.id}#{first.sample}",
+                    tokens_input(prompt_ids), params, request_id=f"{call}-{first.prompt.id}#{first.sample}",
                     data_parallel_rank=engine if self.engines > 1 else None))
                 for request in job:
                     answers.put(self._completion(request, final))
@@ -221,7 +225,16 @@ async def _start(args: Any) -> Any:
     from vllm.usage.usage_lib import UsageContext
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    return AsyncLLM.from_engine_args(args, usage_context=UsageContext.LLM_CLASS)
+    engine = AsyncLLM.from_engine_args(args, usage_context=UsageContext.LLM_CLASS)
+    # Every request checks its task against the engine's supported tasks, fetched from the engine process on first
+    # use and cached: asked once here, or each of the units submitted before the first answer comes asks again (a
+    # round trip through the engine's loop per unit; LLM asks once when it starts).
+    try:
+        await engine.get_supported_tasks()
+    except BaseException:
+        engine.shutdown()
+        raise
+    return engine
 
 
 async def _shutdown(engine: Any) -> None:
