@@ -50,6 +50,9 @@ from benchmarks.repeat import add_repeat_argument, in_turns, interleaved, preamb
 
 ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+# The engine settings of the tiny-vllm-cpu preset, for the sides that start vLLM themselves.
+ENGINE_ARGS: dict[str, Any] = {"enforce_eager": True, "enable_prefix_caching": True, "seed": 0,
+                               "kv_cache_memory_bytes": 2**30, "enable_chunked_prefill": False}
 
 
 def klear(*args: str) -> None:
@@ -81,8 +84,7 @@ def vllm_offline(model: str, texts: list[str], n: int, tokens: int, cpu: list[fl
     to `cpu` this process's CPU seconds during the call (LLM's front end: the engine runs in processes of its own)."""
     from vllm import LLM, SamplingParams
 
-    llm = LLM(model=model, enforce_eager=True, enable_prefix_caching=True, seed=0, kv_cache_memory_bytes=2**30,
-              enable_chunked_prefill=False)
+    llm = LLM(model=model, **ENGINE_ARGS)
     params = [SamplingParams(n=n, seed=i, temperature=0.6, top_p=0.95, max_tokens=tokens, detokenize=False)
               for i in range(len(texts))]
     started, cpu_started = time.perf_counter(), time.process_time()
@@ -92,6 +94,13 @@ def vllm_offline(model: str, texts: list[str], n: int, tokens: int, cpu: list[fl
     generated = sum(len(c.token_ids) for o in outputs for c in o.outputs)
     del llm
     return generated / elapsed
+
+
+def chat_ids(tokenizer: Any, texts: list[str]) -> list[list[int]]:
+    """Each text as one user turn through the chat template, tokenized as the backend does (no special tokens added)."""
+    return [tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": t}], tokenize=False,
+                                                           add_generation_prompt=True), add_special_tokens=False)
+            for t in texts]
 
 
 def async_offline(model: str, texts: list[str], n: int, tokens: int, cpu: list[float]) -> float:
@@ -108,15 +117,11 @@ def async_offline(model: str, texts: list[str], n: int, tokens: int, cpu: list[f
 
     async def run() -> float:
         engine = AsyncLLM.from_engine_args(
-            AsyncEngineArgs(model=model, enforce_eager=True, enable_prefix_caching=True, seed=0,
-                            kv_cache_memory_bytes=2**30, enable_chunked_prefill=False, disable_log_stats=True),
+            AsyncEngineArgs(model=model, disable_log_stats=True, **ENGINE_ARGS),
             usage_context=UsageContext.LLM_CLASS)
         try:
             await engine.get_supported_tasks()
-            tokenizer = engine.get_tokenizer()
-            ids = [tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": t}], tokenize=False,
-                                                                  add_generation_prompt=True), add_special_tokens=False)
-                   for t in texts]
+            ids = chat_ids(engine.get_tokenizer(), texts)
 
             async def one(prompt_ids: list[int], unit: int) -> int:
                 params = SamplingParams(n=1, seed=unit, temperature=0.6, top_p=0.95, max_tokens=tokens,
@@ -230,13 +235,9 @@ def chunked_tail(model: str, prompts: Path, chunk: int) -> float:
     its slowest sample (same prompts, tokens, seeds and engine settings as the klear runs)."""
     from vllm import LLM, SamplingParams
 
-    llm = LLM(model=model, enforce_eager=True, enable_prefix_caching=True, seed=0, kv_cache_memory_bytes=2**30,
-              enable_chunked_prefill=False, max_model_len=512)
-    tokenizer = llm.get_tokenizer()
+    llm = LLM(model=model, max_model_len=512, **ENGINE_ARGS)
     rows = [json.loads(line) for line in prompts.read_text().splitlines()]
-    ids = [tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": r["prompt"]}], tokenize=False,
-                                                          add_generation_prompt=True), add_special_tokens=False)
-           for r in rows]
+    ids = chat_ids(llm.get_tokenizer(), [r["prompt"] for r in rows])
     started = time.perf_counter()
     for start in range(0, len(ids), chunk):
         part = ids[start:start + chunk]
@@ -285,12 +286,13 @@ def offline_figures(label: str, sides: dict[str, Callable[[list[float]], float]]
     for name in sides:
         print("  " + spread(f"{name}, tok/s", speed[name], digits=0))
     figures: dict[str, Any] = {**speed, "front_end_cpu_s": cpu}
-    ratios = [("klear sample", "LLM.chat")] + ([("klear sample", "AsyncLLM alone"), ("AsyncLLM alone", "LLM.chat")]
-                                               if "AsyncLLM alone" in sides else [])
-    for ours, theirs in ratios:
-        per_round = [a / b for a, b in zip(speed[ours], speed[theirs], strict=True)]
-        print("  " + spread(f"{ours} / {theirs}", per_round, "x"))
-        figures["ratio" if theirs == "LLM.chat" and ours == "klear sample" else f"{ours} / {theirs}"] = per_round
+    ratios = [("ratio", "klear sample", "LLM.chat")]  # (key in the figures, ours, theirs); the goal's is "ratio"
+    if "AsyncLLM alone" in sides:
+        ratios += [(f"{ours} / {theirs}", ours, theirs)
+                   for ours, theirs in (("klear sample", "AsyncLLM alone"), ("AsyncLLM alone", "LLM.chat"))]
+    for key, ours, theirs in ratios:
+        figures[key] = [a / b for a, b in zip(speed[ours], speed[theirs], strict=True)]
+        print("  " + spread(f"{ours} / {theirs}", figures[key], "x"))
     for name, seconds in cpu.items():
         print("  " + spread(f"{name}, its process's CPU while sampling, s", seconds), flush=True)
     return figures
