@@ -3,10 +3,11 @@
     .venv-vllm/bin/python benchmarks/bench_vllm_cpu.py [--prompts 64] [--n 4] [--tokens 64] [--repeat 3]
 
 1. offline: output tokens/s of `klear sample --set backend=vllm` (its sampling phase, writing shards of
-   `--shard-size` units) against `LLM.chat` on the same prompts, chat template, n, seeds and lengths (target
-   >= 0.95x: the stage adds nothing measurable), and the CPU each side's own process spends meanwhile (the engine's
-   processes aside); with `--async-alone` also vLLM's AsyncLLM driven as the backend drives it and nothing else,
-   which splits the ratio into what the stage adds to that API and what the API itself costs against `LLM.chat`;
+   `--shard-size` units; one engine, so `engine_api` llm_engine) against `LLM.chat` on the same prompts, chat
+   template, n, seeds and lengths (target >= 0.95x: the stage adds nothing measurable), and the CPU each side's own
+   process spends meanwhile (the engine's processes aside); with `--async` also the stage on `engine_api=async_llm`
+   (the API several engines need) and vLLM's AsyncLLM driven as that backend drives it and nothing else, which
+   splits the async backend's cost into what the stage adds to that API and what the API costs against `LLM.chat`;
 2. endpoint: `klear sample --endpoint` against the teacher's vLLM server, and the same requests (prompts, settings,
    the stage's per-unit seeds) sent straight to that server by a bare aiohttp loop at the same concurrency; with
    each side's client CPU per request (the stage's `process_cpu_s`) and its requests sent again after the server
@@ -55,6 +56,9 @@ ENGINE_ARGS: dict[str, Any] = {"enforce_eager": True, "enable_prefix_caching": T
                                "kv_cache_memory_bytes": 2**30, "enable_chunked_prefill": False}
 
 
+STAGE_ASYNC, ASYNC_ALONE = "klear sample (async_llm)", "AsyncLLM alone"  # part 1's sides with --async
+
+
 def klear(*args: str) -> None:
     done = subprocess.run([sys.executable, "-m", "klear.cli", *args], env={**os.environ, **ENV}, capture_output=True,
                           text=True)
@@ -68,12 +72,13 @@ def write_prompts(path: Path, count: int) -> list[str]:
     return texts
 
 
-def klear_offline(model: str, prompts: Path, out: Path, n: int, tokens: int, shard_size: int,
+def klear_offline(model: str, prompts: Path, out: Path, n: int, tokens: int, shard_size: int, api: str,
                   cpu: list[float]) -> float:
-    """Output tokens/s of the stage's sampling phase; appends to `cpu` its process's CPU seconds meanwhile."""
+    """Output tokens/s of the stage's sampling phase through vLLM's `api` (engine_api); appends to `cpu` its
+    process's CPU seconds meanwhile."""
     klear("sample", "--prompts", str(prompts), "--output", str(out), "--model", model, "--config", "tiny-vllm-cpu",
-          "--set", "backend=vllm", "--set", f"n={n}", "--set", f"max_tokens={tokens}", "--set", "batch_prompts=100000",
-          "--set", f"shard_size={shard_size}")
+          *[x for s in ("backend=vllm", f"n={n}", f"max_tokens={tokens}", "batch_prompts=100000",
+                        f"shard_size={shard_size}", f"engine_api={api}") for x in ("--set", s)])
     speed = json.loads((out / "report.json").read_text())["speed"]
     cpu.append(float(speed["process_cpu_s"]))
     return float(speed["tokens_per_s"])
@@ -104,10 +109,10 @@ def chat_ids(tokenizer: Any, texts: list[str]) -> list[list[int]]:
 
 
 def async_offline(model: str, texts: list[str], n: int, tokens: int, cpu: list[float]) -> float:
-    """vLLM's AsyncLLM alone, driven as the backend drives it and nothing else: the same engine settings, one seeded
-    request per unit as token ids (the chat template rendered first), all submitted at once, final outputs only;
-    no feeder, shards or decoding. Tells what the stage adds to the engine API it uses apart from what that API
-    costs against `LLM.chat`. Appends to `cpu` this process's CPU seconds during the sampling."""
+    """vLLM's AsyncLLM alone, driven as the backend on engine_api=async_llm drives it and nothing else: the same
+    engine settings, one seeded request per unit as token ids (the chat template rendered first), all submitted at
+    once, final outputs only; no feeder, shards or decoding. Tells what the stage adds to that API apart from what
+    the API costs against `LLM.chat`. Appends to `cpu` this process's CPU seconds during the sampling."""
     from vllm import SamplingParams
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.inputs import tokens_input
@@ -278,7 +283,8 @@ def pair(label: str, ours_name: str, theirs_name: str, runs: list[tuple[float, f
 
 def offline_figures(label: str, sides: dict[str, Callable[[list[float]], float]], repeat: int) -> dict[str, Any]:
     """Part 1: every side `repeat` times in turns; prints each side's tok/s and its process's CPU, the stage against
-    LLM.chat (the goal) and, with AsyncLLM alone, each of the two against it; returns every run's figures."""
+    LLM.chat (the goal) and, with the async sides, the stage on async_llm against LLM.chat and against AsyncLLM alone,
+    and AsyncLLM alone against LLM.chat; returns every run's figures."""
     cpu: dict[str, list[float]] = {name: [] for name in sides}
     rounds = list(in_turns(repeat, [functools.partial(run, cpu[name]) for name, run in sides.items()]))
     speed = {name: [r[i] for r in rounds] for i, name in enumerate(sides)}
@@ -287,9 +293,9 @@ def offline_figures(label: str, sides: dict[str, Callable[[list[float]], float]]
         print("  " + spread(f"{name}, tok/s", speed[name], digits=0))
     figures: dict[str, Any] = {**speed, "front_end_cpu_s": cpu}
     ratios = [("ratio", "klear sample", "LLM.chat")]  # (key in the figures, ours, theirs); the goal's is "ratio"
-    if "AsyncLLM alone" in sides:
-        ratios += [(f"{ours} / {theirs}", ours, theirs)
-                   for ours, theirs in (("klear sample", "AsyncLLM alone"), ("AsyncLLM alone", "LLM.chat"))]
+    if ASYNC_ALONE in sides:
+        ratios += [(f"{ours} / {theirs}", ours, theirs) for ours, theirs in (
+            (STAGE_ASYNC, "LLM.chat"), (STAGE_ASYNC, ASYNC_ALONE), (ASYNC_ALONE, "LLM.chat"))]
     for key, ours, theirs in ratios:
         figures[key] = [a / b for a, b in zip(speed[ours], speed[theirs], strict=True)]
         print("  " + spread(f"{ours} / {theirs}", figures[key], "x"))
@@ -316,9 +322,9 @@ def main() -> None:
     parser.add_argument("--tail-prompts", type=int, default=200)
     parser.add_argument("--chunk", type=int, default=32, help="prompts per chunk of the chunked feed (4.)")
     parser.add_argument("--parts", default="offline,endpoint,gppo,tail", help="which of the parts to run")
-    parser.add_argument("--async-alone", action="store_true",
-                        help="part 1 also runs AsyncLLM alone (the engine API the backend drives, nothing of the stage)"
-                             " and prints the stage and LLM.chat against it")
+    parser.add_argument("--async", dest="async_sides", action="store_true",
+                        help="part 1 also runs the stage on engine_api=async_llm (what data_parallel_size > 1 uses) and "
+                             "AsyncLLM alone (that API, nothing of the stage), and prints them against LLM.chat")
     parser.add_argument("--shard-size", type=int, default=256,
                         help="units per shard `klear sample` writes in parts 1 and 2 (default 256: the paper preset's; "
                              "the tiny presets write 16 so that tests see many shards)")
@@ -343,12 +349,16 @@ def main() -> None:
         shape = f"{args.prompts} prompts x n={args.n}, {args.tokens} new tokens, shards of {args.shard_size}"
 
         if "offline" in parts:
+            def stage(api: str, cpu: list[float]) -> float:
+                return klear_offline(model, work / "prompts.jsonl", work / f"offline-{next(runs)}", args.n,
+                                     args.tokens, args.shard_size, api, cpu)
+
             sides: dict[str, Callable[[list[float]], float]] = {  # name: one run's tok/s, appending its CPU s
-                "klear sample": lambda cpu: klear_offline(model, work / "prompts.jsonl", work / f"offline-{next(runs)}",
-                                                          args.n, args.tokens, args.shard_size, cpu),
+                "klear sample": functools.partial(stage, "llm_engine"),
                 "LLM.chat": lambda cpu: vllm_offline(model, texts, args.n, args.tokens, cpu),
-                **({"AsyncLLM alone": lambda cpu: async_offline(model, texts, args.n, args.tokens, cpu)}
-                   if args.async_alone else {})}
+                **({STAGE_ASYNC: functools.partial(stage, "async_llm"),
+                    ASYNC_ALONE: lambda cpu: async_offline(model, texts, args.n, args.tokens, cpu)}
+                   if args.async_sides else {})}
             figures["offline"] = offline_figures(f"1. offline, {shape}:", sides, args.repeat)
 
         if "endpoint" in parts:

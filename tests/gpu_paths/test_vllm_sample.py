@@ -42,6 +42,7 @@ def test_vllm_backend_samples_resumes_and_reports_on_cpu(vllm_model: str, tmp_pa
     assert sorted(rows) == [(f"q{i}", j) for i in range(4) for j in range(3)] and report["complete"]
     backend = report["backend"]
     assert backend["backend"] == "vllm" and backend["device"] == "cpu"
+    assert backend["engine_api"] == "llm_engine"  # one engine: stepped as LLM steps it
     assert backend["engine_args"]["tensor_parallel_size"] == 1 and backend["engine_args"]["enforce_eager"] is True
     assert backend["engine_args"]["kv_cache_memory_bytes"] == 2**30  # the preset's cpu_kvcache_space_gib
     # LLM's batch limits on a CPU (the engine's own default of 128 sequences halves the decode batches) and no
@@ -82,19 +83,22 @@ def test_greedy_hf_and_vllm_give_the_same_tokens(vllm_model: str, tmp_path: Path
     assert hf_rows[("q0", 0)]["response"] == hf_rows[("q0", 1)]["response"]
 
 
-def test_two_engines_fed_continuously_write_each_unit_when_it_finishes(vllm_model: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("engines", "api"), [(2, "async_llm"), (1, "llm_engine")])
+def test_engines_fed_continuously_write_each_unit_when_it_finishes(vllm_model: str, tmp_path: Path, engines: int,
+                                                                   api: str) -> None:
     # Sample lengths set by the context: max_model_len 512 and no max_tokens cap end each sample at 512 tokens of
     # prompt and response together, so the first prompt, 17 tokens, runs to ~495 new tokens and the 49 others,
     # ~465 tokens, to ~47: one sample in 50 ten times longer. The random model rarely ends a sample itself; seed 1
     # is one under which the long unit does not (seed 0 stops it at 171 tokens).
     rows = [{"id": "long", "prompt": "Go."}] + [{"id": f"s{i:02d}", "prompt": f"{i} " + "a " * 448} for i in range(49)]
     prompts = write_prompts(tmp_path / "p.jsonl", rows)
-    report = _sample(vllm_model, prompts, tmp_path / "dp", "backend=vllm", "n=1", "data_parallel_size=2",
+    report = _sample(vllm_model, prompts, tmp_path / "dp", "backend=vllm", "n=1", f"data_parallel_size={engines}",
                      "batch_prompts=4", "max_model_len=512", "max_tokens=100000", "shard_size=1", "seed=1")
     assert report["complete"] and report["units"]["rows"] == 50
     backend = report["backend"]
-    assert backend["engine_args"]["data_parallel_size"] == 2 and backend["engine_args"]["tensor_parallel_size"] == 1
-    assert len(backend["units_per_engine"]) == 2 and min(backend["units_per_engine"]) >= 10, backend  # both engines
+    assert backend["engine_args"]["data_parallel_size"] == engines and backend["engine_args"]["tensor_parallel_size"] == 1
+    assert backend["engine_api"] == api
+    assert len(backend["units_per_engine"]) == engines and min(backend["units_per_engine"]) >= 10, backend  # each
     # One unit per shard, shards numbered as written (<writer>-<seq>): the order the units were handed over in.
     shards = sorted((tmp_path / "dp.work" / "shards").glob("*.parquet"))
     per_shard = [pq.read_table(path, columns=["id"]).column("id").to_pylist() for path in shards]
@@ -107,17 +111,21 @@ def test_two_engines_fed_continuously_write_each_unit_when_it_finishes(vllm_mode
     assert order.index("long") >= 20, order
 
 
-def test_a_refused_prompt_fails_alone_and_an_engine_failure_ends_the_call(vllm_model: str) -> None:
-    done = subprocess.run([sys.executable, str(Path(__file__).with_name("feed_probe.py")), vllm_model],
+@pytest.mark.parametrize("api", ["llm_engine", "async_llm"])
+def test_a_refused_prompt_fails_alone_and_an_engine_failure_ends_the_call(vllm_model: str, api: str) -> None:
+    done = subprocess.run([sys.executable, str(Path(__file__).with_name("feed_probe.py")), vllm_model, api],
                           capture_output=True, text=True, env={**os.environ, **VLLM_ENV}, timeout=400)
     assert done.returncode == 0, done.stderr[-4000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["engine_api"] == api
     refused = {(pid, sample): (ok, kind) for pid, sample, ok, kind in result["refused"]}
     assert refused.pop(("long", 0)) == refused.pop(("long", 1)) == (False, "invalid_request")
     assert sorted(refused) == [(f"q{i}", j) for i in range(6) for j in range(2)]
     assert all(ok for ok, _ in refused.values())
-    assert result["engine_calls"] == {"get_supported_tasks_async": 0, "process_inputs_async": 0}
-    failed = result["failed"]
-    assert failed["error"] and "the engine failed: engine core died" in failed["error"]
-    assert all(ok for _, _, ok in failed["yielded"]) and ["q3", 1, True] not in failed["yielded"]
-    assert failed["seconds"] < 60
+    if api == "async_llm":
+        assert result["engine_calls"] == {"get_supported_tasks_async": 0, "process_inputs_async": 0}
+    for failed in [result["failed"], *([result["step_failed"]] if api == "llm_engine" else [])]:
+        assert failed["error"] and "the engine failed: engine core died" in failed["error"]
+        assert all(ok for _, _, ok in failed["yielded"]) and ["q3", 1, True] not in failed["yielded"]
+        assert failed["yielded"], failed  # units finished before the failure are handed over
+        assert failed["seconds"] < 60

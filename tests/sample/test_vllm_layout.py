@@ -7,7 +7,7 @@ import pytest
 
 from klear.common.config import load_config
 from klear.sample.backends.base import BackendError, Request
-from klear.sample.backends.vllm_engine import engine_layout, jobs, least_loaded
+from klear.sample.backends.vllm_engine import engine_api, engine_layout, jobs, least_loaded
 from klear.sample.config import SampleConfig
 from klear.sample.units import Prompt
 
@@ -29,6 +29,21 @@ def test_engines_fill_the_pod(gpus: int, data: int, tensor: int, expected: tuple
 def test_a_layout_the_pod_cannot_hold_is_refused_naming_the_settings(gpus: int, data: int, tensor: int) -> None:
     with pytest.raises(BackendError, match=f"data_parallel_size {data} x tensor_parallel_size {tensor} .* {gpus} GPU"):
         engine_layout("cuda", gpus, data, tensor)
+
+
+@pytest.mark.parametrize(("setting", "engines", "expected"), [
+    ("auto", 1, "llm_engine"),  # one engine: stepped as LLM steps it
+    ("auto", 8, "async_llm"),  # vLLM's data parallelism runs through AsyncLLM only
+    ("async_llm", 1, "async_llm"),
+    ("llm_engine", 1, "llm_engine"),
+])
+def test_one_engine_is_stepped_and_several_are_fed_asynchronously(setting: str, engines: int, expected: str) -> None:
+    assert engine_api(setting, engines) == expected
+
+
+def test_llm_engine_with_several_engines_is_refused_naming_both_settings() -> None:
+    with pytest.raises(BackendError, match="engine_api llm_engine .* data_parallel_size 8 needs async_llm"):
+        engine_api("llm_engine", 8)
 
 
 def test_cpu_runs_one_process_per_engine_unless_told() -> None:

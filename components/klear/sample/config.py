@@ -77,6 +77,10 @@ class SampleConfig(StageConfig):
     max_model_len: int = pydantic.Field(0, ge=0, le=INT32_MAX, description="0 = the model's own")
     engine_kwargs: dict[str, Any] = pydantic.Field(
         default_factory=dict, description="more vLLM engine arguments (AsyncEngineArgs), e.g. hf_overrides for YaRN")
+    engine_api: Literal["auto", "llm_engine", "async_llm"] = pydantic.Field(
+        "auto", description="the vLLM API the backend drives: llm_engine (stepped in the sampling thread, as vLLM's "
+        "LLM runs it; one engine only), async_llm (needed for data_parallel_size > 1); auto = llm_engine for one "
+        "engine, async_llm for more")
     batch_prompts: int = pydantic.Field(
         512, ge=1, le=INT32_MAX, description="prompts' worth of units (x n) waiting or running per vLLM engine; a "
         "finished unit lets the next one in (no barrier). More than the engine's max_num_seqs keeps it full")

