@@ -155,7 +155,8 @@ class VLLMBackend:
                     if job is None:
                         taken_all = True
                         break
-                    request_id, prompt = f"{call}-{job[0].prompt.id}#{job[0].sample}", tokens_input(self._encode(job[0]))
+                    request_id = unit_request_id(call, job[0])
+                    prompt = tokens_input(self._encode(job[0]))
                     try:
                         engine.add_request(request_id, prompt, self._params(job[0]))
                     except VLLMClientError as exc:
@@ -231,7 +232,7 @@ class VLLMBackend:
                 # {"prompt_token_ids": ...} goes through its renderer on a thread pool first: a thread hand-off
                 # and an event-loop wake-up per unit, front-end CPU that competes with the engine's own loop.
                 final = await _last(self.engine.generate(
-                    tokens_input(prompt_ids), self._params(first), request_id=f"{call}-{first.prompt.id}#{first.sample}",
+                    tokens_input(prompt_ids), self._params(first), request_id=unit_request_id(call, first),
                     data_parallel_rank=engine if self.engines > 1 else None))
                 for request in job:
                     answers.put(self._completion(request, final))
@@ -334,6 +335,11 @@ async def _last(outputs: AsyncIterator[Any]) -> Any:
     if final is None:
         raise RuntimeError("vLLM ended a request without an output")
     return final
+
+
+def unit_request_id(call: str, request: Request) -> str:
+    """The id vLLM gets for a unit's request (its outputs carry it back): unique within the backend's calls."""
+    return f"{call}-{request.prompt.id}#{request.sample}"
 
 
 def engine_api(setting: str, engines: int) -> str:
