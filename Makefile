@@ -67,7 +67,7 @@ PYTEST_WORKERS = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loa
 test: lint typecheck install-mlflow
 	$(MAKE) --no-print-directory install-vllm > $(VENV)/install-vllm.log 2>&1 & vllm=$$!; \
 	$(BIN)/python -m pytest $(PYTEST_WORKERS); rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; rc=0; fi; \
-	if wait $$vllm; then $(TEST_VLLM) || rc=1; else cat $(VENV)/install-vllm.log; echo "make install-vllm failed"; rc=1; fi; \
+	if wait $$vllm; then $(TEST_VLLM) || rc=1; else cat $(VENV)/install-vllm.log; echo "make install-vllm failed"; df -h .; rc=1; fi; \
 	exit $$rc
 
 # tests/gpu_paths (marker vllm_cpu): vLLM sampling, hf/vLLM agreement, a real vLLM server, GPPO with vLLM rollouts.

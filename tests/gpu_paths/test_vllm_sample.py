@@ -54,6 +54,12 @@ def test_vllm_backend_samples_resumes_and_reports_on_cpu(vllm_model: str, tmp_pa
         assert (row["completion_tokens"] == 12) == (row["finish_reason"] == "length")
         assert "<|im_end|>" not in row["response"]
     assert len({r["response"] for r in rows.values()}) > 4  # seeded samples differ
+    # Each unit samples with its own seed, whatever else of its prompt is pending: the same samples when they come
+    # in other groups (sample 0 alone, then n raised to 3 tops up samples 1 and 2).
+    _sample(vllm_model, prompts, tmp_path / "b", "backend=vllm", "n=1", "max_tokens=12")
+    topped = _sample(vllm_model, prompts, tmp_path / "b", "backend=vllm", "n=3", "max_tokens=12")
+    assert topped["units"]["done_before"] == 4 and topped["units"]["sampled"] == 8
+    assert {k: r["response"] for k, r in _rows(tmp_path / "b").items()} == {k: r["response"] for k, r in rows.items()}
 
     many = write_prompts(tmp_path / "many.jsonl", MANY)
     report = _sample(vllm_model, many, tmp_path / "many", "backend=vllm", "n=4", "max_tokens=12")
