@@ -4,10 +4,14 @@
 
 1. offline: output tokens/s of `klear sample --set backend=vllm` (its sampling phase, writing shards of
    `--shard-size` units; one engine, so `engine_api` llm_engine) against `LLM.chat` on the same prompts, chat
-   template, n, seeds and lengths (target >= 0.95x: the stage adds nothing measurable), and the CPU each side's own
-   process spends meanwhile (the engine's processes aside); with `--async` also the stage on `engine_api=async_llm`
-   (the API several engines need) and vLLM's AsyncLLM driven as that backend drives it and nothing else, which
-   splits the async backend's cost into what the stage adds to that API and what the API costs against `LLM.chat`;
+   template, n, seeds and lengths: one request per sample with the stage's seed for it, so both sides sample the same
+   tokens (each run's completion tokens are printed; the goal's ratio is over identical work; target >= 0.95x: the
+   stage adds nothing measurable); also against `LLM.chat` as a user would call it, one request of n per prompt
+   (vLLM's own fan-out; seed i, so its samples get seeds i..i+n-1: other samples, other lengths, other work); and
+   the CPU each side's own process spends meanwhile (the engine's processes aside); with `--async` also the stage
+   on `engine_api=async_llm` (the API several engines need) and vLLM's AsyncLLM driven as that backend drives it and
+   nothing else, which splits the async backend's cost into what the stage adds to that API and what the API costs
+   against `LLM.chat`;
 2. endpoint: `klear sample --endpoint` against the teacher's vLLM server, and the same requests (prompts, settings,
    the stage's per-unit seeds) sent straight to that server by a bare aiohttp loop at the same concurrency; with
    each side's client CPU per request (the stage's `process_cpu_s`) and its requests sent again after the server
@@ -20,9 +24,15 @@
    prompt runs to ~495 new tokens, the ~465-token ones to ~47), sampled by `klear sample` with
    data_parallel_size=2 and 1 (engines fed continuously) against the chunked feed the backend had before (one
    engine, prompts in chunks of `--chunk`, each chunk waiting for its slowest sample): sampling wall time.
-   `--parts tail` runs only this one.
+   `--parts tail` runs only this one;
+5. seeds: what seeding every unit costs (`seed_per_unit`): the vLLM backend on one engine, its calls taking turns
+   between the units seeded (the default) and unseeded (`seed_per_unit=false`), the same prompts, n and lengths:
+   output tokens/s of each call after a first one of each kind (a long run's steady state: a fresh engine's first
+   unseeded batches recompile vLLM's CPU sampler, torch.compile'd for unseeded batches only, once per engine).
+   `--parts seeds` runs only this one.
 
-The model is the untied tiny spec `vllm` (random weights: samples run to the token limit on both sides).
+The model is the untied tiny spec `vllm` (random weights: most samples run to the token limit, about one in
+eight draws the end token first, so how much a run generates depends on its seeds).
 Each part runs its sides `--repeat` times, taking turns (each repeat starting with the next side), and prints the
 min / median / max of each side's figure and of the ratio per repeat, after the machine and the package versions;
 the last line is every run's figures as JSON.
@@ -57,6 +67,8 @@ ENGINE_ARGS: dict[str, Any] = {"enforce_eager": True, "enable_prefix_caching": T
 
 
 STAGE_ASYNC, ASYNC_ALONE = "klear sample (async_llm)", "AsyncLLM alone"  # part 1's sides with --async
+FANOUT = "LLM.chat (n per request)"  # part 1: LLM.chat as a user calls it, vLLM fanning out each prompt's n
+STAGE_SEED = 0  # the tiny presets' seed: the stage's per-unit seeds derive from it
 
 
 def klear(*args: str) -> None:
@@ -72,31 +84,50 @@ def write_prompts(path: Path, count: int) -> list[str]:
     return texts
 
 
+def unit_seeds(prompts: int, n: int) -> list[list[int]]:
+    """The stage's seed for each sample j of prompt q{i} (the tiny presets' seed): what the stage's samples draw."""
+    from klear.sample.units import unit_seed
+
+    return [[unit_seed(STAGE_SEED, f"q{i}", j) for j in range(n)] for i in range(prompts)]
+
+
 def klear_offline(model: str, prompts: Path, out: Path, n: int, tokens: int, shard_size: int, api: str,
-                  cpu: list[float]) -> float:
-    """Output tokens/s of the stage's sampling phase through vLLM's `api` (engine_api); appends to `cpu` its
-    process's CPU seconds meanwhile."""
+                  runs: list[dict[str, float]]) -> float:
+    """Output tokens/s of the stage's sampling phase through vLLM's `api` (engine_api); appends to `runs` its
+    process's CPU seconds meanwhile and the completion tokens it generated."""
     klear("sample", "--prompts", str(prompts), "--output", str(out), "--model", model, "--config", "tiny-vllm-cpu",
           *[x for s in ("backend=vllm", f"n={n}", f"max_tokens={tokens}", "batch_prompts=100000",
-                        f"shard_size={shard_size}", f"engine_api={api}") for x in ("--set", s)])
-    speed = json.loads((out / "report.json").read_text())["speed"]
-    cpu.append(float(speed["process_cpu_s"]))
-    return float(speed["tokens_per_s"])
+                        f"shard_size={shard_size}", f"engine_api={api}", f"seed={STAGE_SEED}") for x in ("--set", s)])
+    report = json.loads((out / "report.json").read_text())
+    runs.append({"cpu_s": float(report["speed"]["process_cpu_s"]), "tokens": int(report["tokens"]["completion"])})
+    return float(report["speed"]["tokens_per_s"])
 
 
-def vllm_offline(model: str, texts: list[str], n: int, tokens: int, cpu: list[float]) -> float:
-    """vLLM alone: one LLM.chat call, as the backend makes it (engine settings of the tiny-vllm-cpu preset); appends
-    to `cpu` this process's CPU seconds during the call (LLM's front end: the engine runs in processes of its own)."""
+def vllm_offline(model: str, texts: list[str], n: int, tokens: int, runs: list[dict[str, float]],
+                 fan_out: bool = False) -> float:
+    """vLLM alone: one LLM.chat call, as the backend makes it (engine settings of the tiny-vllm-cpu preset): one
+    request per sample with the stage's seed for it (the stage's samples), or with `fan_out` one request of n per
+    prompt (seed i; vLLM gives its samples i..i+n-1). Appends to `runs` this process's CPU seconds during the call
+    (LLM's front end: the engine runs in processes of its own) and the completion tokens generated."""
     from vllm import LLM, SamplingParams
 
+    def params(seed: int, count: int) -> SamplingParams:
+        return SamplingParams(n=count, seed=seed, temperature=0.6, top_p=0.95, max_tokens=tokens, detokenize=False)
+
+    if fan_out:
+        conversations, sampling = texts, [params(i, n) for i in range(len(texts))]
+    else:
+        seeds = unit_seeds(len(texts), n)
+        conversations = [t for t in texts for _ in range(n)]
+        sampling = [params(seed, 1) for per_prompt in seeds for seed in per_prompt]
     llm = LLM(model=model, **ENGINE_ARGS)
-    params = [SamplingParams(n=n, seed=i, temperature=0.6, top_p=0.95, max_tokens=tokens, detokenize=False)
-              for i in range(len(texts))]
     started, cpu_started = time.perf_counter(), time.process_time()
-    outputs = llm.chat([[{"role": "user", "content": t}] for t in texts], sampling_params=params, use_tqdm=False)
+    outputs = llm.chat([[{"role": "user", "content": t}] for t in conversations], sampling_params=sampling,
+                       use_tqdm=False)
     elapsed = time.perf_counter() - started
-    cpu.append(time.process_time() - cpu_started)
+    cpu_s = time.process_time() - cpu_started
     generated = sum(len(c.token_ids) for o in outputs for c in o.outputs)
+    runs.append({"cpu_s": cpu_s, "tokens": generated})
     del llm
     return generated / elapsed
 
@@ -108,11 +139,12 @@ def chat_ids(tokenizer: Any, texts: list[str]) -> list[list[int]]:
             for t in texts]
 
 
-def async_offline(model: str, texts: list[str], n: int, tokens: int, cpu: list[float]) -> float:
+def async_offline(model: str, texts: list[str], n: int, tokens: int, runs: list[dict[str, float]]) -> float:
     """vLLM's AsyncLLM alone, driven as the backend on engine_api=async_llm drives it and nothing else: the same
-    engine settings, one seeded request per unit as token ids (the chat template rendered first), all submitted at
+    engine settings, one request per unit with the stage's seed for it, as token ids (the chat template rendered first), all submitted at
     once, final outputs only; no feeder, shards or decoding. Tells what the stage adds to that API apart from what
-    the API costs against `LLM.chat`. Appends to `cpu` this process's CPU seconds during the sampling."""
+    the API costs against `LLM.chat`. Appends to `runs` this process's CPU seconds during the sampling
+    and the completion tokens generated."""
     from vllm import SamplingParams
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.inputs import tokens_input
@@ -127,9 +159,10 @@ def async_offline(model: str, texts: list[str], n: int, tokens: int, cpu: list[f
         try:
             await engine.get_supported_tasks()
             ids = chat_ids(engine.get_tokenizer(), texts)
+            seeds = unit_seeds(len(texts), n)
 
-            async def one(prompt_ids: list[int], unit: int) -> int:
-                params = SamplingParams(n=1, seed=unit, temperature=0.6, top_p=0.95, max_tokens=tokens,
+            async def one(prompt_ids: list[int], seed: int, unit: int) -> int:
+                params = SamplingParams(n=1, seed=seed, temperature=0.6, top_p=0.95, max_tokens=tokens,
                                         detokenize=False, output_kind=RequestOutputKind.FINAL_ONLY)
                 final = None
                 async for output in engine.generate(tokens_input(prompt_ids), params, request_id=f"u{unit}"):
@@ -137,14 +170,45 @@ def async_offline(model: str, texts: list[str], n: int, tokens: int, cpu: list[f
                 return len(final.outputs[0].token_ids) if final is not None else 0
 
             started, cpu_started = time.perf_counter(), time.process_time()
-            generated = await asyncio.gather(*(one(p, n * i + j) for i, p in enumerate(ids) for j in range(n)))
+            units = [(p, seed) for p, per_prompt in zip(ids, seeds, strict=True) for seed in per_prompt]
+            generated = await asyncio.gather(*(one(p, seed, unit) for unit, (p, seed) in enumerate(units)))
             elapsed = time.perf_counter() - started
-            cpu.append(time.process_time() - cpu_started)
+            runs.append({"cpu_s": time.process_time() - cpu_started, "tokens": sum(generated)})
             return sum(generated) / elapsed
         finally:
             engine.shutdown()
 
     return asyncio.run(run())
+
+
+def seed_cost(model: str, texts: list[str], n: int, tokens: int, repeat: int) -> dict[str, Any]:
+    """Part 5: one vLLM backend (the stage's, tiny-vllm-cpu, one engine), calls of every unit seeded and unseeded in
+    turns after one of each to warm the engine; tok/s of each and their ratio per round."""
+    from klear.common.config import load_config
+    from klear.sample.backends.base import Request
+    from klear.sample.backends.vllm_engine import VLLMBackend
+    from klear.sample.config import SampleConfig
+    from klear.sample.units import Prompt
+
+    config = load_config(SampleConfig, "tiny-vllm-cpu", [f"n={n}", f"max_tokens={tokens}", "batch_prompts=100000",
+                                                         f"seed={STAGE_SEED}"])
+    prompts = [Prompt(index=i, id=f"q{i}", messages=({"role": "user", "content": t},), text=t, source="bench",
+                      record="{}", where=f"bench:{i + 1}", hash=f"q{i}") for i, t in enumerate(texts)]
+    seeds = unit_seeds(len(texts), n)
+    with contextlib.ExitStack() as stack:
+        backend = VLLMBackend(model, config, stack)
+        stack.callback(backend.close)
+
+        def call(seeded: bool) -> float:
+            requests = [Request(p, j, seeds[i][j] if seeded else None) for i, p in enumerate(prompts) for j in range(n)]
+            started = time.perf_counter()
+            generated = sum(c.completion_tokens or 0 for c in backend.generate(requests))
+            return generated / (time.perf_counter() - started)
+
+        call(True), call(False)  # warm: the unseeded sampler's recompile for batch sizes past the engine's warm-up
+        rounds = list(interleaved(repeat, lambda: call(True), lambda: call(False)))
+    return pair(f"5. seeds, {len(texts)} prompts x n={n}, {tokens} new tokens, one warm engine:",
+                "unseeded (seed_per_unit=false)", "seeded (default)", [(b, a) for a, b in rounds], "tok/s")
 
 
 def split_cpus(available: set[int], server: int) -> tuple[set[int], set[int]]:
@@ -193,9 +257,7 @@ async def bare_client(url: str, texts: list[str], n: int, tokens: int, concurren
     its requests sent again on a closed connection."""
     import aiohttp
 
-    from klear.sample.units import unit_seed
-
-    jobs = [(t, unit_seed(0, f"q{i}", j)) for i, t in enumerate(texts) for j in range(n)]
+    jobs = [(t, seed) for t, per_prompt in zip(texts, unit_seeds(len(texts), n), strict=True) for seed in per_prompt]
     generated = resent = 0
     gate = asyncio.Semaphore(concurrency)
 
@@ -281,18 +343,24 @@ def pair(label: str, ours_name: str, theirs_name: str, runs: list[tuple[float, f
     return {ours_name: ours, theirs_name: theirs, "ratio": [a / b for a, b in runs]}
 
 
-def offline_figures(label: str, sides: dict[str, Callable[[list[float]], float]], repeat: int) -> dict[str, Any]:
-    """Part 1: every side `repeat` times in turns; prints each side's tok/s and its process's CPU, the stage against
-    LLM.chat (the goal) and, with the async sides, the stage on async_llm against LLM.chat and against AsyncLLM alone,
-    and AsyncLLM alone against LLM.chat; returns every run's figures."""
-    cpu: dict[str, list[float]] = {name: [] for name in sides}
-    rounds = list(in_turns(repeat, [functools.partial(run, cpu[name]) for name, run in sides.items()]))
+def offline_figures(label: str, sides: dict[str, Callable[[list[dict[str, float]]], float]],
+                    repeat: int) -> dict[str, Any]:
+    """Part 1: every side `repeat` times in turns; prints each side's tok/s, its completion tokens and its process's
+    CPU, the stage against LLM.chat on the stage's samples (the goal) and, where run, against LLM.chat fanning out n
+    and the async sides' ratios (the stage on async_llm against LLM.chat and against AsyncLLM alone, AsyncLLM alone
+    against LLM.chat); returns every run's figures. A side fills its run's record: cpu_s, tokens."""
+    records: dict[str, list[dict[str, float]]] = {name: [] for name in sides}
+    rounds = list(in_turns(repeat, [functools.partial(run, records[name]) for name, run in sides.items()]))
     speed = {name: [r[i] for r in rounds] for i, name in enumerate(sides)}
+    cpu = {name: [r["cpu_s"] for r in runs] for name, runs in records.items()}
+    tokens = {name: [int(r["tokens"]) for r in runs] for name, runs in records.items()}
     print(label)
     for name in sides:
         print("  " + spread(f"{name}, tok/s", speed[name], digits=0))
-    figures: dict[str, Any] = {**speed, "front_end_cpu_s": cpu}
+    figures: dict[str, Any] = {**speed, "front_end_cpu_s": cpu, "completion_tokens": tokens}
     ratios = [("ratio", "klear sample", "LLM.chat")]  # (key in the figures, ours, theirs); the goal's is "ratio"
+    if FANOUT in sides:
+        ratios.append((f"klear sample / {FANOUT}", "klear sample", FANOUT))
     if ASYNC_ALONE in sides:
         ratios += [(f"{ours} / {theirs}", ours, theirs) for ours, theirs in (
             (STAGE_ASYNC, "LLM.chat"), (STAGE_ASYNC, ASYNC_ALONE), (ASYNC_ALONE, "LLM.chat"))]
@@ -300,7 +368,14 @@ def offline_figures(label: str, sides: dict[str, Callable[[list[float]], float]]
         figures[key] = [a / b for a, b in zip(speed[ours], speed[theirs], strict=True)]
         print("  " + spread(f"{ours} / {theirs}", figures[key], "x"))
     for name, seconds in cpu.items():
-        print("  " + spread(f"{name}, its process's CPU while sampling, s", seconds), flush=True)
+        print("  " + spread(f"{name}, its process's CPU while sampling, s", seconds))
+    for name, counts in tokens.items():
+        print(f"  {name}, completion tokens per run: {', '.join(f'{c:,}' for c in counts)}")
+    # The goal's ratio compares identical work only if both sides sampled the same tokens.
+    figures["same_work"] = tokens["klear sample"] == tokens["LLM.chat"]
+    print(f"  klear sample and LLM.chat generated {'the same' if figures['same_work'] else 'DIFFERENT'} completion "
+          "tokens in every run" + ("" if figures["same_work"] else ": the goal's ratio is not over identical work"),
+          flush=True)
     return figures
 
 
@@ -321,7 +396,7 @@ def main() -> None:
     parser.add_argument("--gppo-steps", type=int, default=6)
     parser.add_argument("--tail-prompts", type=int, default=200)
     parser.add_argument("--chunk", type=int, default=32, help="prompts per chunk of the chunked feed (4.)")
-    parser.add_argument("--parts", default="offline,endpoint,gppo,tail", help="which of the parts to run")
+    parser.add_argument("--parts", default="offline,endpoint,gppo,tail,seeds", help="which of the parts to run")
     parser.add_argument("--async", dest="async_sides", action="store_true",
                         help="part 1 also runs the stage on engine_api=async_llm (what data_parallel_size > 1 uses) and "
                              "AsyncLLM alone (that API, nothing of the stage), and prints them against LLM.chat")
@@ -349,15 +424,16 @@ def main() -> None:
         shape = f"{args.prompts} prompts x n={args.n}, {args.tokens} new tokens, shards of {args.shard_size}"
 
         if "offline" in parts:
-            def stage(api: str, cpu: list[float]) -> float:
+            def stage(api: str, records: list[dict[str, float]]) -> float:
                 return klear_offline(model, work / "prompts.jsonl", work / f"offline-{next(runs)}", args.n,
-                                     args.tokens, args.shard_size, api, cpu)
+                                     args.tokens, args.shard_size, api, records)
 
-            sides: dict[str, Callable[[list[float]], float]] = {  # name: one run's tok/s, appending its CPU s
+            sides: dict[str, Callable[[list[dict[str, float]]], float]] = {  # one run's tok/s; fills its record
                 "klear sample": functools.partial(stage, "llm_engine"),
-                "LLM.chat": lambda cpu: vllm_offline(model, texts, args.n, args.tokens, cpu),
+                "LLM.chat": lambda runs: vllm_offline(model, texts, args.n, args.tokens, runs),
+                FANOUT: lambda runs: vllm_offline(model, texts, args.n, args.tokens, runs, fan_out=True),
                 **({STAGE_ASYNC: functools.partial(stage, "async_llm"),
-                    ASYNC_ALONE: lambda cpu: async_offline(model, texts, args.n, args.tokens, cpu)}
+                    ASYNC_ALONE: lambda runs: async_offline(model, texts, args.n, args.tokens, runs)}
                    if args.async_sides else {})}
             figures["offline"] = offline_figures(f"1. offline, {shape}:", sides, args.repeat)
 
@@ -417,6 +493,9 @@ def main() -> None:
 
         if "tail" in parts:
             figures["tail"] = long_tail(work, model, args.tail_prompts, args.chunk, args.repeat)
+
+        if "seeds" in parts:
+            figures["seeds"] = seed_cost(model, texts, args.n, args.tokens, args.repeat)
     print(json.dumps(figures))
 
 if __name__ == "__main__":

@@ -65,6 +65,13 @@ def test_vllm_backend_samples_resumes_and_reports_on_cpu(vllm_model: str, tmp_pa
     report = _sample(vllm_model, many, tmp_path / "many", "backend=vllm", "n=4", "max_tokens=12")
     assert report["complete"] and report["units"]["rows"] == 256
 
+    # seed_per_unit false: the units go to vLLM unseeded, and their rows hold no seed.
+    unseeded = _sample(vllm_model, prompts, tmp_path / "u", "backend=vllm", "n=3", "max_tokens=12",
+                       "seed_per_unit=false")
+    assert unseeded["complete"] and unseeded["settings"]["sampling"]["seed_per_unit"] is False
+    assert sorted(_rows(tmp_path / "u")) == sorted(rows)
+    assert all(row["seed"] is None for row in _rows(tmp_path / "u").values())
+
     # As if the pod had died after its last shard but before publishing: the rerun samples nothing anew.
     shutil.rmtree(tmp_path / "a")
     again = _sample(vllm_model, prompts, tmp_path / "a", "backend=vllm", "n=3", "max_tokens=12", "batch_prompts=2")

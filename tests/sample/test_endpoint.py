@@ -169,6 +169,25 @@ def test_changed_settings_are_refused_and_n_can_grow(fake_server: FakeServer, tm
     assert len(_rows(str(out))) == 9
 
 
+def test_unseeded_requests_carry_no_seed_and_keep_to_their_own_work(fake_server: FakeServer, tmp_path: Path) -> None:
+    prompts = write_prompts(tmp_path / "p.jsonl", [{"id": f"p{i}", "prompt": f"q{i}"} for i in range(3)])
+    seeded = _sample(fake_server, prompts, tmp_path / "seeded", "n=2")
+    assert all("seed" in body for body in fake_server.bodies)
+    # Seeding every unit is the default, and records nothing new: the settings (and the work area they key) of runs
+    # made before seed_per_unit existed stay theirs.
+    assert "seed_per_unit" not in seeded["settings"]["sampling"]
+    before = len(fake_server.bodies)
+    report = _sample(fake_server, prompts, tmp_path / "out", "n=2", "seed_per_unit=false")
+    assert report["complete"] and report["settings"]["sampling"]["seed_per_unit"] is False
+    assert len(fake_server.bodies) - before == 6 and not any("seed" in b for b in fake_server.bodies[before:])
+    rows = _rows(str(tmp_path / "out"))
+    assert sorted(rows) == [(f"p{i}", j) for i in range(3) for j in range(2)]
+    assert all(row["seed"] is None for row in rows.values())
+    # Units drawn unseeded are other samples than seeded ones: a seeded restart does not mix into them.
+    with pytest.raises(ResumeMismatchError, match="sampling.seed_per_unit: False -> '\\(unset\\)'"):
+        _sample(fake_server, prompts, tmp_path / "out", "n=2")
+
+
 def test_a_rerun_of_a_complete_output_does_nothing(fake_server: FakeServer, tmp_path: Path) -> None:
     prompts = write_prompts(tmp_path / "p.jsonl", [{"id": f"p{i}", "prompt": f"q{i}"} for i in range(3)])
     out = tmp_path / "out"

@@ -58,6 +58,20 @@ def test_n_samples_per_prompt_and_seeded_runs_reproduce(tiny_model: str, tmp_pat
     assert {k: v[0] for k, v in _content(_rows(str(tmp_path / "c"))).items()} != {k: v[0] for k, v in _content(rows).items()}
 
 
+def test_unseeded_units_draw_from_fresh_generators(tiny_model: str, tmp_path: Path) -> None:
+    prompts = write_prompts(tmp_path / "p.jsonl", PROMPTS)
+    config = fast_config("n=3", "max_tokens=8", "seed_per_unit=false")
+    outputs = []
+    for name in ("a", "b"):
+        report = run([prompts], str(tmp_path / name), config, model=tiny_model)
+        rows = _rows(str(tmp_path / name))
+        assert report["complete"] and sorted(rows) == [(f"q{i}", j) for i in range(3) for j in range(3)]
+        assert all(row["seed"] is None for row in rows.values())
+        outputs.append({k: r["response"] for k, r in rows.items()})
+    # Nothing fixes what an unseeded unit draws: two runs differ (8 tokens from the random model's vocabulary).
+    assert outputs[0] != outputs[1]
+
+
 def test_generation_stops_at_the_eos_token(tiny_model: str, tmp_path: Path) -> None:
     """A copy of the tiny model whose generation config favours <|im_end|> strongly: every sample stops."""
     model = tmp_path / "eos-model"

@@ -59,6 +59,21 @@ def _prompt(row: dict, index: int = 0, where: str = "f.jsonl:1", spec: str = "f.
     return prompt_from_row(Located(where, index + 1, row), Source.parse(spec), index, "prompt", "id", system)
 
 
+def test_seeding_every_unit_keys_the_work_as_before_and_unseeded_work_apart() -> None:
+    from klear.common.config import load_config
+    from klear.sample.config import SAMPLING_KEYS, SampleConfig, work_area
+
+    seeded, unseeded = (load_config(SampleConfig, "paper", [f"seed_per_unit={on}"]) for on in ("true", "false"))
+    # The default adds nothing to what keys a run's work: runs started before the setting find their work areas.
+    assert tuple(seeded.sampling_settings()) == SAMPLING_KEYS
+    assert seeded.unit_seed_base() == seeded.seed and unseeded.unit_seed_base() is None
+
+    def area(config: SampleConfig) -> str:
+        return work_area("s3://bucket/runs", "teacher", "s3://bucket/p", "s3://bucket/m", "", "", "digest", config)
+
+    assert area(seeded) != area(unseeded)
+
+
 def test_pending_units_skip_done_units_and_redo_changed_prompts() -> None:
     a, b = _prompt({"id": "a", "prompt": "x"}), _prompt({"id": "b", "prompt": "y"}, 1)
     done = {("a", 0): a.hash, ("a", 1): a.hash, ("b", 0): "stale-hash"}

@@ -36,6 +36,12 @@ class SampleConfig(StageConfig):
     max_tokens: int = pydantic.Field(32768, ge=1, le=INT32_MAX, description="max new tokens per sample")
     seed: int = pydantic.Field(0, ge=0, le=2**63 - 1,
                               description="base seed; sample j of prompt p uses a seed derived from (seed, p, j)")
+    seed_per_unit: bool = pydantic.Field(
+        True, description="each unit's request carries its own seed, from (seed, prompt, sample): a unit sampled again "
+        "(after a restart, on another pod) draws the same tokens. false: requests go unseeded, the faster choice on "
+        "vLLM: it draws seeded requests' noise one request at a time and, on GPUs, leaves FlashInfer's sampler for "
+        "PyTorch's while any is in the batch (the CPU build: 1.16x the tokens/s, README Benchmarks); a unit sampled "
+        "again then draws other tokens (each unit is still recorded once; its seed column is empty)")
     system_prompt: str = pydantic.Field("", description="system message put before every prompt ('' = none)")
     prompt_field: str = pydantic.Field("prompt", description="default prompt field of sources (per source: #prompt=...)")
     id_field: str = pydantic.Field("id", description="default id field of sources (per source: #id=...); required")
@@ -103,7 +109,16 @@ class SampleConfig(StageConfig):
         True, description="keep the work area's shards after publishing (a rerun then reads them, not the output)")
 
     def sampling_settings(self) -> dict[str, Any]:
-        return {key: getattr(self, key) for key in SAMPLING_KEYS}
+        settings = {key: getattr(self, key) for key in SAMPLING_KEYS}
+        # Recorded only when off: the settings (and the work area keyed by them) of runs that seed every unit stay
+        # those of runs made before the setting existed, so their restarts find their work.
+        if not self.seed_per_unit:
+            settings["seed_per_unit"] = False
+        return settings
+
+    def unit_seed_base(self) -> int | None:
+        """The base of the units' seeds (units.unit_seed), None when requests go unseeded."""
+        return self.seed if self.seed_per_unit else None
 
 
 def work_area(run_root: str, name: str, prompts: str, model: str | None, endpoint: str, served_model: str,

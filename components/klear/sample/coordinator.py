@@ -404,7 +404,7 @@ class PendingRequests(Sequence[Request]):
     """The requests of the pending units, in output order, each made when the backend takes it: two int32 per
     unit until then, not a Python object (a slice of a paper-scale run has millions pending)."""
 
-    def __init__(self, items: Sequence[Prompt], plan: Plan, pending: np.ndarray, seed: int) -> None:
+    def __init__(self, items: Sequence[Prompt], plan: Plan, pending: np.ndarray, seed: int | None) -> None:
         self._items, self._seed = items, seed
         self._prompt, self._sample = np.empty(len(pending), np.int32), np.empty(len(pending), np.int32)
         for start in range(0, len(pending), PENDING_CHUNK):  # the int64 temporaries stay a fixed size
@@ -420,7 +420,7 @@ class PendingRequests(Sequence[Request]):
         if last is None or last[0] != i:
             last = self._last = (i, self._items[i])
         prompt = last[1]
-        return Request(prompt, j, unit_seed(self._seed, prompt.id, j))
+        return Request(prompt, j, None if self._seed is None else unit_seed(self._seed, prompt.id, j))
 
     @overload
     def __getitem__(self, index: int) -> Request: ...
@@ -440,6 +440,7 @@ class PendingRequests(Sequence[Request]):
                 yield self._make(i, j)
 
 
-def make_requests(items: Sequence[Prompt], plan: Plan, pending: np.ndarray, seed: int) -> PendingRequests:
-    """The requests of the pending positions of `plan` (over `items`), in output order."""
+def make_requests(items: Sequence[Prompt], plan: Plan, pending: np.ndarray, seed: int | None) -> PendingRequests:
+    """The requests of the pending positions of `plan` (over `items`), in output order; each seeded from `seed`
+    (units.unit_seed), or unseeded when it is None."""
     return PendingRequests(items, plan, pending, seed)

@@ -74,7 +74,7 @@ def run_slice(part: tuple[int, int], prompts: Sequence[str], out: storage.Uri, a
         done_before = total - len(pending)
         log.info("slice %d/%d: %d of %d prompts, %d units; %d done in %s, %d to sample with %s", index, count,
                  len(own), len(items), total, done_before, area, len(pending), kind)
-        requests = make_requests(own, plan, pending, config.seed)
+        requests = make_requests(own, plan, pending, config.unit_seed_base())
         del pending
         progress = Progress(total=total, done_before=done_before)
         with ProgressLogger(progress, config.progress_seconds, log), sigterm_as_exit():

@@ -146,7 +146,7 @@ def run(prompts: Sequence[str], output: str, config: SampleConfig, model: str | 
         done_before = total - len(pending)
         log.info("%d prompts, %d units; %d done in %s (%d shards), %d to sample with %s", len(items), total,
                  done_before, area, len(chosen.shards), len(pending), kind)
-        requests = make_requests(items, plan, pending, config.seed)
+        requests = make_requests(items, plan, pending, config.unit_seed_base())
         del chosen, pending
         progress = Progress(total=total, done_before=done_before)
         with ProgressLogger(progress, config.progress_seconds, log), sigterm_as_exit():

@@ -18,7 +18,7 @@ class BackendError(RuntimeError):
 class Request:
     prompt: Prompt
     sample: int
-    seed: int
+    seed: int | None  # None: unseeded (seed_per_unit false)
 
 
 @dataclass(frozen=True, slots=True)

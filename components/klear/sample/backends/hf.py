@@ -2,7 +2,8 @@
 
 The pending samples of one prompt decode together, one batch row each, and each row draws its tokens from its
 own generator seeded with the unit's seed: a unit's sample does not depend on what else is pending, so a restart
-reproduces what an uninterrupted run would have produced, and the rows share the prompt's forward passes.
+reproduces what an uninterrupted run would have produced, and the rows share the prompt's forward passes
+(seed_per_unit false: each row's generator is seeded from torch's entropy instead).
 """
 
 from __future__ import annotations
@@ -92,12 +93,18 @@ class HFBackend:
         return processors
 
     def _generate_group(self, group: list[Request]) -> Iterator[Completion]:
-        """One prompt's pending samples: a batched decode with a KV cache, one seeded generator per row."""
+        """One prompt's pending samples: a batched decode with a KV cache, one generator per row (seeded with the
+        unit's seed; an unseeded unit's from torch's entropy)."""
         torch, config = self.torch, self.config
         ids = self._encode(group[0])
         sequences = ids.repeat(len(group), 1)
         processors = self._processors()
-        generators = [torch.Generator(device=self.device).manual_seed(r.seed) for r in group]
+        generators = [torch.Generator(device=self.device) for _ in group]
+        for generator, request in zip(generators, group, strict=True):
+            if request.seed is None:
+                generator.seed()
+            else:
+                generator.manual_seed(request.seed)
         tokens: list[list[int]] = [[] for _ in group]
         finished = [False] * len(group)
         past, step_input = None, sequences

@@ -75,9 +75,12 @@ def server_message(content: bytes, reason: str = "", limit: int = 500) -> str:
 
 
 def request_body(config: SampleConfig, served_model: str, request: Request) -> dict[str, Any]:
-    """One chat-completion request for one unit: n is left at 1 (servers differ on n), seeded per unit."""
-    return {"model": served_model, "messages": [dict(m) for m in request.prompt.messages], **settings_body(config),
-            "seed": request.seed}
+    """One chat-completion request for one unit: n is left at 1 (servers differ on n), seeded per unit unless
+    seed_per_unit is off."""
+    body = {"model": served_model, "messages": [dict(m) for m in request.prompt.messages], **settings_body(config)}
+    if request.seed is not None:
+        body["seed"] = request.seed
+    return body
 
 
 def settings_body(config: SampleConfig) -> dict[str, Any]:

@@ -8,10 +8,10 @@ drives it: `LLMEngine` stepped in the caller's thread (`engine_api: llm_engine`)
 token. Several need AsyncLLM (vLLM's own data parallelism: one engine process per rank, dense models' ranks
 independent), run on an asyncio loop in a thread of its own, each unit going to the engine with the fewest in
 flight. One request per unit, seeded with the unit's own seed: what a unit samples does not depend on what else
-is pending. Prefix caching shares a prompt's KV cache between its samples. Greedy (T = 0) samples are identical:
-one is generated per prompt and copied. Prompts are rendered with the model's chat template and tokenized here, as
-the hf backend does. Output fields per vLLM 0.31: RequestOutput.outputs[0].token_ids / .finish_reason,
-.prompt_token_ids.
+is pending (seed_per_unit false: unseeded, which vLLM samples faster). Prefix caching shares a prompt's KV cache
+between its samples. Greedy (T = 0) samples are identical: one is generated per prompt and copied. Prompts are
+rendered with the model's chat template and tokenized here, as the hf backend does. Output fields per vLLM 0.31:
+RequestOutput.outputs[0].token_ids / .finish_reason, .prompt_token_ids.
 """
 
 from __future__ import annotations
