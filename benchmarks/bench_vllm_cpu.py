@@ -185,15 +185,17 @@ def seed_cost(model: str, texts: list[str], n: int, tokens: int, repeat: int) ->
     """Part 5: one vLLM backend (the stage's, tiny-vllm-cpu, one engine), calls of every unit seeded and unseeded in
     turns after one of each to warm the engine; tok/s of each and their ratio per round."""
     from klear.common.config import load_config
+    from klear.common.records import Located, Source
     from klear.sample.backends.base import Request
     from klear.sample.backends.vllm_engine import VLLMBackend
     from klear.sample.config import SampleConfig
-    from klear.sample.units import Prompt
+    from klear.sample.units import prompt_from_row
 
     config = load_config(SampleConfig, "tiny-vllm-cpu", [f"n={n}", f"max_tokens={tokens}", "batch_prompts=100000",
                                                          f"seed={STAGE_SEED}"])
-    prompts = [Prompt(index=i, id=f"q{i}", messages=({"role": "user", "content": t},), text=t, source="bench",
-                      record="{}", where=f"bench:{i + 1}", hash=f"q{i}") for i, t in enumerate(texts)]
+    source = Source.parse("prompts.jsonl")  # the rows write_prompts writes, made into prompts as the stage makes them
+    prompts = [prompt_from_row(Located(f"prompts.jsonl:{i + 1}", i + 1, {"id": f"q{i}", "prompt": t}), source, i,
+                               config.prompt_field, config.id_field, config.system_prompt) for i, t in enumerate(texts)]
     seeds = unit_seeds(len(texts), n)
     with contextlib.ExitStack() as stack:
         backend = VLLMBackend(model, config, stack)
@@ -453,8 +455,9 @@ def main() -> None:
             def klear_endpoint() -> float:
                 out = work / f"endpoint-{next(runs)}"
                 klear("sample", "--prompts", str(work / "prompts.jsonl"), "--output", str(out), "--endpoint", url,
-                      "--served-model", "m", "--config", "tiny", "--set", f"n={args.n}", "--set",
-                      f"max_tokens={args.tokens}", "--set", "concurrency=32", "--set", f"shard_size={args.shard_size}")
+                      "--served-model", "m", "--config", "tiny", *[x for s in (
+                          f"seed={STAGE_SEED}", f"n={args.n}", f"max_tokens={args.tokens}", "concurrency=32",
+                          f"shard_size={args.shard_size}") for x in ("--set", s)])
                 speed = json.loads((out / "report.json").read_text())["speed"]
                 clients["klear sample"].append({"cpu_s": speed["process_cpu_s"], "resent": speed["retries"]})
                 return float(speed["tokens_per_s"])
