@@ -8,10 +8,11 @@
    tokens (each run's completion tokens are printed; the goal's ratio is over identical work; target >= 0.95x: the
    stage adds nothing measurable); also against `LLM.chat` as a user would call it, one request of n per prompt
    (vLLM's own fan-out; seed i, so its samples get seeds i..i+n-1: other samples, other lengths, other work); and
-   the CPU each side's own process spends meanwhile (the engine's processes aside); with `--async` also the stage
-   on `engine_api=async_llm` (the API several engines need) and vLLM's AsyncLLM driven as that backend drives it and
-   nothing else, which splits the async backend's cost into what the stage adds to that API and what the API costs
-   against `LLM.chat`;
+   the CPU each side's own process spends meanwhile (the engine's processes aside), and the stage's sampling
+   thread's own work (shards, bookkeeping: `own_work_s` in its report) and its share of the sampling time; with
+   `--async` also the stage on `engine_api=async_llm` (the API several engines need) and vLLM's AsyncLLM driven as
+   that backend drives it and nothing else, which splits the async backend's cost into what the stage adds to that
+   API and what the API costs against `LLM.chat`;
 2. endpoint: `klear sample --endpoint` against the teacher's vLLM server, and the same requests (prompts, settings,
    the stage's per-unit seeds) sent straight to that server by a bare aiohttp loop at the same concurrency; with
    each side's client CPU per request (the stage's `process_cpu_s`) and its requests sent again after the server
@@ -94,13 +95,15 @@ def unit_seeds(prompts: int, n: int) -> list[list[int]]:
 def klear_offline(model: str, prompts: Path, out: Path, n: int, tokens: int, shard_size: int, api: str,
                   runs: list[dict[str, float]]) -> float:
     """Output tokens/s of the stage's sampling phase through vLLM's `api` (engine_api); appends to `runs` its
-    process's CPU seconds meanwhile and the completion tokens it generated."""
+    process's CPU seconds meanwhile, the completion tokens it generated and its sampling thread's own work (s)."""
     klear("sample", "--prompts", str(prompts), "--output", str(out), "--model", model, "--config", "tiny-vllm-cpu",
           *[x for s in ("backend=vllm", f"n={n}", f"max_tokens={tokens}", "batch_prompts=100000",
                         f"shard_size={shard_size}", f"engine_api={api}", f"seed={STAGE_SEED}") for x in ("--set", s)])
     report = json.loads((out / "report.json").read_text())
-    runs.append({"cpu_s": float(report["speed"]["process_cpu_s"]), "tokens": int(report["tokens"]["completion"])})
-    return float(report["speed"]["tokens_per_s"])
+    speed = report["speed"]
+    runs.append({"cpu_s": float(speed["process_cpu_s"]), "tokens": int(report["tokens"]["completion"]),
+                 "own_s": float(speed["own_work_s"]), "sampling_s": float(speed["sampling_s"])})
+    return float(speed["tokens_per_s"])
 
 
 def vllm_offline(model: str, texts: list[str], n: int, tokens: int, runs: list[dict[str, float]],
@@ -350,7 +353,9 @@ def offline_figures(label: str, sides: dict[str, Callable[[list[dict[str, float]
     """Part 1: every side `repeat` times in turns; prints each side's tok/s, its completion tokens and its process's
     CPU, the stage against LLM.chat on the stage's samples (the goal) and, where run, against LLM.chat fanning out n
     and the async sides' ratios (the stage on async_llm against LLM.chat and against AsyncLLM alone, AsyncLLM alone
-    against LLM.chat); returns every run's figures. A side fills its run's record: cpu_s, tokens."""
+    against LLM.chat), and the stage's sampling thread's own work (writing shards, bookkeeping; the engine computes
+    on meanwhile); returns every run's figures. A side fills its run's record: cpu_s, tokens, and a stage side
+    own_s with its sampling_s."""
     records: dict[str, list[dict[str, float]]] = {name: [] for name in sides}
     rounds = list(in_turns(repeat, [functools.partial(run, records[name]) for name, run in sides.items()]))
     speed = {name: [r[i] for r in rounds] for i, name in enumerate(sides)}
@@ -371,6 +376,13 @@ def offline_figures(label: str, sides: dict[str, Callable[[list[dict[str, float]
         print("  " + spread(f"{ours} / {theirs}", figures[key], "x"))
     for name, seconds in cpu.items():
         print("  " + spread(f"{name}, its process's CPU while sampling, s", seconds))
+    own = {name: [(r["own_s"], r["sampling_s"]) for r in runs] for name, runs in records.items()
+           if runs and "own_s" in runs[0]}
+    for name, pairs in own.items():
+        print("  " + spread(f"{name}, its sampling thread's own work (shards, bookkeeping), s", [o for o, _ in pairs]))
+        print("  " + spread(f"{name}, that work's share of its sampling time", [o / t for o, t in pairs], "", 3))
+    if own:
+        figures["own_work_s"] = {name: [o for o, _ in pairs] for name, pairs in own.items()}
     for name, counts in tokens.items():
         print(f"  {name}, completion tokens per run: {', '.join(f'{c:,}' for c in counts)}")
     # The goal's ratio compares identical work only if both sides sampled the same tokens.

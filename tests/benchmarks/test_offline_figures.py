@@ -1,12 +1,13 @@
 from benchmarks.bench_vllm_cpu import FANOUT, offline_figures, unit_seeds
 
 
-def side(speeds: list[float], cpu_s: float, order: list[str], name: str, tokens: int = 1000):
+def side(speeds: list[float], cpu_s: float, order: list[str], name: str, tokens: int = 1000,
+         own_s: float | None = None):
     runs = iter(speeds)
 
     def run(records: list[dict[str, float]]) -> float:
         order.append(name)
-        records.append({"cpu_s": cpu_s, "tokens": tokens})
+        records.append({"cpu_s": cpu_s, "tokens": tokens} | ({} if own_s is None else {"own_s": own_s, "sampling_s": 20.0}))
         return next(runs)
 
     return run
@@ -66,3 +67,13 @@ def test_the_baseline_draws_the_stages_seeds():
     assert len(seeds) == 3 and all(len(per_prompt) == 4 for per_prompt in seeds)
     assert seeds[2][1] == unit_seed(load_config(SampleConfig, "tiny-vllm-cpu", []).seed, "q2", 1)
     assert len({s for per_prompt in seeds for s in per_prompt}) == 12
+
+
+def test_the_stages_own_work_is_printed_with_its_share_of_the_sampling_time(capsys):
+    order: list[str] = []
+    figures = offline_figures("1. offline:", {"klear sample": side([96.0, 97.0], 0.8, order, "klear", own_s=0.2),
+                                              "LLM.chat": side([100.0, 100.0], 0.5, order, "llm")}, 2)
+    assert figures["own_work_s"] == {"klear sample": [0.2, 0.2]}  # LLM.chat has no work of its own to count
+    printed = capsys.readouterr().out
+    assert "klear sample, its sampling thread's own work (shards, bookkeeping), s: median 0.20" in printed
+    assert "klear sample, that work's share of its sampling time: median 0.010" in printed

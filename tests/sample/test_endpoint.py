@@ -62,6 +62,9 @@ def test_every_fault_is_retried_and_every_reasoning_shape_normalized(fake_server
     assert time.monotonic() - started >= 1.0  # Retry-After: 1 was honoured
     assert report["speed"]["retries"] == 14
     assert 0 < report["speed"]["process_cpu_s"] < report["speed"]["sampling_s"] * 4  # this process, a few threads
+    assert 0 < report["speed"]["own_work_s"] < report["speed"]["sampling_s"]  # shards written between completions
+    assert f"| sampling thread's own work (shards, bookkeeping) | {report['speed']['own_work_s']} s of " in (
+        tmp_path / "out" / "report.md").read_text()
     published = storage.read_manifest(str(tmp_path / "out"))
     assert {"samples/part-00000.parquet", "failed/part-00000.parquet", "report.json", "report.md"} <= set(published.files)
 

@@ -114,6 +114,7 @@ def sample_units(backend: Backend, area: WorkArea, requests: Sequence[Request], 
     last_flush = time.monotonic()
     try:
         for completion in backend.generate(requests):
+            began = time.perf_counter()
             progress.add(completion)
             (buffer if completion.ok else failed).append(completion)
             if not completion.ok:
@@ -123,10 +124,13 @@ def sample_units(backend: Backend, area: WorkArea, requests: Sequence[Request], 
             if len(buffer) >= config.shard_size or (buffer and time.monotonic() - last_flush >= config.flush_seconds):
                 area.write_shard(buffer)
                 buffer, last_flush = [], time.monotonic()
+            progress.own_work_s += time.perf_counter() - began
     finally:
+        began = time.perf_counter()
         if buffer:
             area.write_shard(buffer)
         area.compact(final=True)  # one index object for everything this writer wrote
+        progress.own_work_s += time.perf_counter() - began
     return failed
 
 

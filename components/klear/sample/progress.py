@@ -27,6 +27,9 @@ class Progress:
     attempts: int = 0
     failed_kinds: Counter[str] = field(default_factory=Counter)
     ended: float | None = None  # set when sampling is over: the rates stop there
+    # Seconds the sampling thread spent on its own work between the backend's completions (shards written, indexes
+    # compacted, counts kept), while the engine or server works on: near sampling_s, the stage is the bottleneck.
+    own_work_s: float = 0.0
     cpu_started: float = field(default_factory=time.process_time)
     cpu_ended: float | None = None
 
@@ -51,13 +54,13 @@ class Progress:
     def speed(self, elapsed: float) -> dict[str, Any]:
         """The report's speed figures; `elapsed`: the whole run's seconds. process_cpu_s: the CPU time of this
         process (all its threads) while it sampled: what the client itself costs beside a server or an engine's
-        own processes."""
+        own processes; own_work_s: the part of sampling_s the sampling thread spent on its own work."""
         sampling_s, samples_per_s, tokens_per_s = self.rates()
         cpu_end = self.cpu_ended if self.cpu_ended is not None else time.process_time()
         return {"elapsed_s": round(elapsed, 3), "sampling_s": round(sampling_s, 3),
                 "samples_per_s": round(samples_per_s, 3), "tokens_per_s": round(tokens_per_s, 1),
                 "requests": self.attempts, "retries": self.attempts - self.ok - self.failed,
-                "process_cpu_s": round(cpu_end - self.cpu_started, 3)}
+                "process_cpu_s": round(cpu_end - self.cpu_started, 3), "own_work_s": round(self.own_work_s, 3)}
 
     def line(self, now: float | None = None) -> str:
         elapsed, per_s, tokens_per_s = self.rates(now)

@@ -57,6 +57,9 @@ def render_markdown(report: dict[str, Any]) -> str:
     ]
     if "process_cpu_s" in speed:  # reports before it was recorded have none
         lines.insert(-1, f"| CPU of this process while sampling | {speed['process_cpu_s']} s |")
+    if "own_work_s" in speed:
+        lines.insert(-1, f"| sampling thread's own work (shards, bookkeeping) | {speed['own_work_s']} s of "
+                         f"{speed['sampling_s']} s |")
     if units.get("model_mismatch"):
         lines += ["", f"**{units['model_mismatch']} samples name another model than "
                   f"{backend.get('served_model')!r}** (allow_model_mismatch): {report.get('models')}"]
