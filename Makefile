@@ -73,7 +73,7 @@ test: lint typecheck install-mlflow
 
 # tests/gpu_paths (marker vllm_cpu): vLLM sampling, hf/vLLM agreement, a real vLLM server, GPPO with vLLM rollouts.
 # On the same workers as the main suite, a file to each: the tests spend much of their time starting engines and
-# processes, one core's work each (on 2 cores 10:38 where one worker took 13:57).
+# processes, one core's work each (on 2 cores 8:42-10:38 where one worker took 13:57).
 # Here collecting nothing means vLLM did not import: a failure, not an empty suite.
 TEST_VLLM = ( $(VLLM_VENV)/bin/python -m pytest $(PYTEST_WORKERS) -m vllm_cpu tests/gpu_paths; rc=$$?; if [ $$rc -eq 5 ]; then \
 	echo "tests/gpu_paths collected nothing: vllm does not import in $(VLLM_VENV) (make install-vllm)"; fi; \

@@ -32,6 +32,9 @@ def test_process_cpu_counts_the_sampling_only() -> None:
     assert speed["sampling_s"] >= 0.2 and speed["own_work_s"] == 0.0
 
 
+WRITE_S, BACKEND_S = 0.2, 0.05  # the extra seconds of each shard write; the backend's between completions
+
+
 class SlowStore(WorkArea):
     """A work area whose every shard write takes WRITE_S longer, as on a slow object store."""
 
@@ -47,9 +50,6 @@ class PacedBackend:
         for request in requests:
             time.sleep(BACKEND_S)
             yield Completion(request, Parsed("r", "a", True), "stop", 3, 4, "m")
-
-
-WRITE_S, BACKEND_S = 0.2, 0.05
 
 
 def test_own_work_counts_the_sampling_threads_shard_writing_not_the_backends_time(tmp_path: Path) -> None:
